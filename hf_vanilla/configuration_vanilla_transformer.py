@@ -1,0 +1,211 @@
+"""Configuration of the original Transformer (Vaswani et al., 2017, "Attention Is All You Need").
+
+Defaults are the paper's *base* model (Table 3, row "base"): N = 6 encoder and 6 decoder layers,
+d_model = 512, h = 8 heads, d_ff = 2048, P_drop = 0.1, ReLU feed-forward (§3.3), embeddings scaled
+by √d_model and one weight matrix shared by the source embedding, the target embedding and the
+pre-softmax projection (§3.4), sinusoidal positional encodings (§3.5).
+
+The paper's symbols map to the Hugging Face seq2seq field names as follows:
+
+| paper     | field                                                      |
+|-----------|------------------------------------------------------------|
+| N         | ``encoder_layers``, ``decoder_layers``                     |
+| d_model   | ``d_model`` (alias ``hidden_size``)                        |
+| h         | ``encoder_attention_heads``, ``decoder_attention_heads``   |
+| d_ff      | ``encoder_ffn_dim``, ``decoder_ffn_dim``                   |
+| P_drop    | ``dropout``                                                |
+| ε_ls      | ``label_smoothing`` (0.0 by default; the training recipe sets 0.1) |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PretrainedConfig
+
+_ACTIVATIONS = ("relu", "gelu", "gelu_new", "swish", "silu")
+
+#: Named presets from Table 3 of the paper. ``base`` is also the default of the config class.
+PRESETS: dict[str, dict[str, Any]] = {
+    "base": {
+        "d_model": 512,
+        "encoder_layers": 6,
+        "decoder_layers": 6,
+        "encoder_attention_heads": 8,
+        "decoder_attention_heads": 8,
+        "encoder_ffn_dim": 2048,
+        "decoder_ffn_dim": 2048,
+        "dropout": 0.1,
+    },
+    "big": {
+        "d_model": 1024,
+        "encoder_layers": 6,
+        "decoder_layers": 6,
+        "encoder_attention_heads": 16,
+        "decoder_attention_heads": 16,
+        "encoder_ffn_dim": 4096,
+        "decoder_ffn_dim": 4096,
+        "dropout": 0.3,
+    },
+}
+
+
+class VanillaTransformerConfig(PretrainedConfig):
+    r"""Configuration for [`VanillaTransformerModel`] and [`VanillaTransformerForConditionalGeneration`].
+
+    Args:
+        vocab_size: size of the shared source/target vocabulary (§3.4; the paper used 37,000 BPE
+            tokens for English-German).
+        d_model: model width d_model (§3.1).
+        encoder_layers / decoder_layers: N, the number of stacked layers (§3.1).
+        encoder_attention_heads / decoder_attention_heads: h, the number of heads (§3.2.2);
+            d_k = d_v = d_model / h.
+        encoder_ffn_dim / decoder_ffn_dim: d_ff, the inner width of the feed-forward network (§3.3).
+        activation_function: activation of the feed-forward network; the paper's is ``"relu"``.
+        dropout: P_drop, applied to every sub-layer output before the residual add and to the
+            sums of embeddings and positional encodings (§5.4).
+        attention_dropout: dropout on attention probabilities; 0.0 in the paper (not described).
+        activation_dropout: dropout inside the feed-forward network; 0.0 in the paper.
+        max_position_embeddings: the length for which positional encodings are pre-computed.
+            Longer inputs still work: the encodings are computed on the fly (§3.5 says the
+            sinusoid "may allow the model to extrapolate").
+        scale_embedding: multiply embeddings by √d_model (§3.4).
+        attention_bias: add biases to the attention projections. The paper's W^Q, W^K, W^V, W^O have
+            none (§3.2.2; so does tensor2tensor); fairseq and Marian checkpoints use them.
+        label_smoothing: ε_ls of §5.4 used by the model's loss; 0.0 here, the training recipe
+            sets the paper's 0.1.
+        init_std: standard deviation of the normal initialisation of the embeddings; ``None``
+            means d_model^-0.5 (so that √d_model-scaled embeddings have unit variance). Linear
+            layers use Xavier-uniform, as in tensor2tensor and fairseq. See the modeling file.
+        tie_word_embeddings: share the pre-softmax projection with the embeddings (§3.4).
+        pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id: special token ids;
+            they must lie inside the vocabulary.
+        use_cache: return the key/value cache for incremental decoding.
+    """
+
+    model_type = "vanilla_transformer"
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "encoder_attention_heads",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    def __init__(
+        self,
+        vocab_size: int = 37000,
+        d_model: int = 512,
+        encoder_layers: int = 6,
+        decoder_layers: int = 6,
+        encoder_attention_heads: int = 8,
+        decoder_attention_heads: int = 8,
+        encoder_ffn_dim: int = 2048,
+        decoder_ffn_dim: int = 2048,
+        activation_function: str = "relu",
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        max_position_embeddings: int = 1024,
+        scale_embedding: bool = True,
+        attention_bias: bool = False,
+        label_smoothing: float = 0.0,
+        init_std: float | None = None,
+        tie_word_embeddings: bool = True,
+        pad_token_id: int = 0,
+        bos_token_id: int = 1,
+        eos_token_id: int = 2,
+        decoder_start_token_id: int | None = None,
+        use_cache: bool = True,
+        is_encoder_decoder: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.encoder_layers = encoder_layers
+        self.decoder_layers = decoder_layers
+        self.encoder_attention_heads = encoder_attention_heads
+        self.decoder_attention_heads = decoder_attention_heads
+        self.encoder_ffn_dim = encoder_ffn_dim
+        self.decoder_ffn_dim = decoder_ffn_dim
+        self.activation_function = activation_function
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation_dropout = activation_dropout
+        self.max_position_embeddings = max_position_embeddings
+        self.scale_embedding = scale_embedding
+        self.attention_bias = attention_bias
+        self.label_smoothing = label_smoothing
+        self.init_std = init_std
+        self.use_cache = use_cache
+        # The paper starts decoding from a beginning-of-sentence symbol; default to bos.
+        if decoder_start_token_id is None:
+            decoder_start_token_id = bos_token_id
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            decoder_start_token_id=decoder_start_token_id,
+            is_encoder_decoder=is_encoder_decoder,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+        self.validate_architecture()
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> VanillaTransformerConfig:
+        """Build the ``"base"`` or ``"big"`` model of Table 3; keyword arguments override fields."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown preset {name!r}: choose one of {sorted(PRESETS)}.")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def validate_architecture(self) -> None:
+        """Raise a ``ValueError`` naming the field and the fix for any invalid setting."""
+        positive = (
+            "vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "max_position_embeddings",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        for name in ("encoder_attention_heads", "decoder_attention_heads"):
+            heads = getattr(self, name)
+            if self.d_model % heads:
+                raise ValueError(
+                    f"`d_model` ({self.d_model}) must be divisible by `{name}` ({heads}): each head gets "
+                    f"d_k = d_model / h dimensions. Choose e.g. {name}="
+                    f"{max(h for h in range(1, heads + 1) if self.d_model % h == 0)}."
+                )
+        if self.d_model % 2:
+            raise ValueError(
+                f"`d_model` must be even for the sin/cos positional encoding (§3.5), got {self.d_model}."
+            )
+        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"`{name}` must be a probability in [0, 1), got {value!r}.")
+        if self.activation_function not in _ACTIVATIONS:
+            raise ValueError(
+                f"Unknown `activation_function` {self.activation_function!r}: choose one of {_ACTIVATIONS} "
+                "(the paper uses 'relu')."
+            )
+        if self.init_std is not None and not (isinstance(self.init_std, (int, float)) and self.init_std > 0):
+            raise ValueError(f"`init_std` must be a positive number or None, got {self.init_std!r}.")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            value = getattr(self, name, None)
+            if value is None:
+                continue
+            ids = value if isinstance(value, (list, tuple)) else [value]
+            for token_id in ids:
+                if not isinstance(token_id, int) or not 0 <= token_id < self.vocab_size:
+                    raise ValueError(
+                        f"`{name}` = {value!r} lies outside the vocabulary [0, {self.vocab_size}): set it to an "
+                        "id of your tokenizer's special token, or raise `vocab_size`."
+                    )

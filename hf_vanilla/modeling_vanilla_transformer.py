@@ -1,0 +1,850 @@
+"""The original Transformer: Vaswani et al. (2017), "Attention Is All You Need", arXiv:1706.03762.
+
+The classes appear in the order of the paper (§3.5 positional encoding → §3.2 attention → §3.3
+feed-forward → §3.1 encoder and decoder layers → §3.4 embeddings and softmax → the full model),
+followed by the Hugging Face model classes. This file imports only torch, transformers and the
+package's own config, so a folder saved after ``register_for_auto_class`` loads with
+``trust_remote_code=True`` where hf_vanilla is not installed.
+
+Deviations from the paper (each a deliberate, documented choice):
+
+1. Initialisation is not specified by the paper. Embeddings (shared with the pre-softmax projection)
+   are drawn from N(0, d_model^-0.5), so that after the √d_model scaling of §3.4 they have unit
+   variance, the same scale as the positional encoding; every other linear layer is Xavier-uniform
+   with zero bias (as tensor2tensor and fairseq do); LayerNorm starts at γ = 1, β = 0. The embedding
+   row of the padding token is zero. ``config.init_std`` overrides the embedding standard deviation.
+2. Decoding starts from ``decoder_start_token_id`` (by default the ``<s>`` token) and stops at
+   ``</s>``; the paper does not name its start symbol.
+3. The maximum output length of §6.1 (input length + 50) is applied per sentence: a row is forced
+   to end once it has generated 50 tokens more than its own (unpadded) source length.
+4. Label smoothing (§5.4) is computed in the model's loss (``config.label_smoothing``) so that its
+   normalisation under gradient accumulation and data parallelism is the same as the plain loss.
+5. Padding: the paper does not discuss it. Keys that are padding are masked in every attention; a
+   query row whose keys are all padding attends uniformly instead (its output is never used), so
+   fully padded rows stay finite in every precision.
+
+Shape notation: B batch, S source length, T target length (new tokens in this call), P cached
+target length, D = d_model, H heads, Dh = D / H per-head width, F = d_ff, V vocabulary size.
+
+Mask semantics (all masks are built in :func:`build_attention_mask`):
+* ``attention_mask`` given by the user (HF convention): ``1`` = real token, ``0`` = padding.
+* Internally: a boolean tensor broadcastable to (B, H, T, K), ``True`` = may attend (SDPA's
+  convention; ``torch.nn.MultiheadAttention`` uses the opposite), or ``None`` when nothing needs
+  masking (no padding; causality, if any, done by SDPA's ``is_causal`` path).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
+from transformers.utils.generic import can_return_tuple
+
+from .configuration_vanilla_transformer import VanillaTransformerConfig
+
+logger = logging.get_logger(__name__)
+
+#: §6.1: "We set the maximum output length during inference to input length + 50".
+MAX_LENGTH_OFFSET = 50
+
+
+# --------------------------------------------------------------------------------------------------
+# §3.5 Positional encoding
+# --------------------------------------------------------------------------------------------------
+def sinusoidal_position_encoding(
+    positions: torch.Tensor, d_model: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+
+    Args:
+        positions: (..., L) integer positions.
+    Returns:
+        (..., L, D) encodings, sine on even and cosine on odd dimensions (the paper's layout),
+        computed in float32 and cast to ``dtype``.
+    """
+    two_i = torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32)  # (D/2,)
+    inv_freq = torch.exp(two_i * (-math.log(10000.0) / d_model))  # 10000^(-2i/D)
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # (..., L, D/2)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)  # (..., L, D)
+
+
+class VanillaTransformerPositionalEncoding(nn.Module):
+    """§3.5 sinusoidal positional encoding, computed for any length on the fly.
+
+    Nothing is stored: the encoding is a pure function of the position, so a model built on the meta
+    device by ``from_pretrained`` cannot end up with an uninitialised table, and inputs longer than
+    ``max_position_embeddings`` are encoded with the same closed form.
+    """
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+
+    def forward(self, seq_len: int, past_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        positions = torch.arange(past_len, past_len + seq_len, device=device)  # (L,)
+        return sinusoidal_position_encoding(positions, self.d_model, dtype)  # (L, D)
+
+
+# --------------------------------------------------------------------------------------------------
+# Masks: the one place where they are built (see the module docstring for their polarity)
+# --------------------------------------------------------------------------------------------------
+def build_attention_mask(
+    padding_mask: torch.Tensor | None,
+    query_length: int,
+    key_length: int,
+    causal: bool,
+    past_length: int = 0,
+    materialize_causal: bool = False,
+) -> torch.Tensor | None:
+    """Build the boolean attention mask, ``True`` = may attend, broadcastable to (B, H, T, K).
+
+    Args:
+        padding_mask: (B, K) HF mask, 1 = real key, 0 = padding key; ``None`` = no padding.
+        query_length: T, the number of queries in this call.
+        key_length: K, the number of keys (P + T for decoder self-attention, S otherwise).
+        causal: query t (at absolute position P + t) may attend only to keys at positions ≤ P + t
+            (§3.2.3: "masking out ... all values ... which correspond to illegal connections").
+        past_length: P, the number of cached decoder positions.
+        materialize_causal: build the causal part as a tensor even where SDPA's ``is_causal`` could
+            do it (needed by the eager kernel).
+
+    Returns ``None`` when nothing needs masking: no padding and either no causality, a single
+    query, or causality that SDPA applies itself (T == K). A query row with no key left to attend
+    to (a fully padded sentence) is unmasked entirely, so that softmax stays finite.
+    """
+    has_padding = padding_mask is not None and (torch.compiler.is_compiling() or not bool(padding_mask.all()))
+    if not has_padding:
+        padding_mask = None
+        if not causal or query_length == 1 or (past_length == 0 and not materialize_causal):
+            return None
+    mask = None
+    if padding_mask is not None:
+        mask = padding_mask[:, None, None, :].to(torch.bool)  # (B, 1, 1, K)
+    if causal:
+        device = padding_mask.device if padding_mask is not None else None
+        q_pos = torch.arange(past_length, past_length + query_length, device=device)
+        k_pos = torch.arange(key_length, device=device)
+        causal_mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, K)
+        mask = causal_mask if mask is None else mask & causal_mask  # (B, 1, T, K)
+    # Rows with nothing to attend to (all keys padding) attend to everything instead.
+    return mask | ~mask.any(dim=-1, keepdim=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# §3.2.1 Scaled dot-product attention, §3.2.2 multi-head attention
+# --------------------------------------------------------------------------------------------------
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """§3.2.1 Eq. (1): Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V.
+
+    Args:
+        query: (B, H, T, Dh); key, value: (B, H, K, Dh); attention_mask: boolean, True = attend.
+    Returns:
+        (B, T, H, Dh) output and (B, H, T, K) attention probabilities.
+    """
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, T, K)
+    if attention_mask is None and getattr(module, "is_causal", False) and query.shape[2] > 1:
+        attention_mask = build_attention_mask(
+            None,
+            query.shape[2],
+            key.shape[2],
+            causal=True,
+            past_length=key.shape[2] - query.shape[2],
+            materialize_causal=True,
+        ).to(query.device)
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = F.dropout(probs, p=dropout, training=module.training)
+    output = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, H, Dh)
+    return output, probs
+
+
+class VanillaTransformerAttention(nn.Module):
+    """§3.2.2 multi-head attention: MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O with
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V); the h per-head projections are stored as one
+    (D, D) matrix each (``q_proj``, ``k_proj``, ``v_proj``) and W^O is ``out_proj``.
+
+    Used three ways (§3.2.3): encoder self-attention, masked decoder self-attention (``is_causal``)
+    and encoder-decoder attention, where queries come from the decoder and keys and values from the
+    output of the last encoder layer (``key_value_states``), each through its own projection.
+    """
+
+    def __init__(
+        self,
+        config: VanillaTransformerConfig,
+        num_heads: int,
+        is_causal: bool = False,
+        layer_idx: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.num_heads = num_heads
+        self.head_dim = config.d_model // num_heads
+        self.scaling = self.head_dim**-0.5  # 1 / √d_k
+        self.is_causal = is_causal
+        self.layer_idx = layer_idx
+        self.dropout = config.attention_dropout
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.k_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.v_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.out_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: EncoderDecoderCache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states (B, T, D) → (B, T, D); key_value_states (B, S, D) for cross-attention."""
+        batch, length, _ = hidden_states.shape
+        is_cross = key_value_states is not None
+        query = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+
+        if is_cross and cache is not None and cache.is_updated.get(self.layer_idx):
+            # The encoder output does not change during decoding: its K/V were computed at step 1.
+            layer_cache = cache.cross_attention_cache.layers[self.layer_idx]
+            key, value = layer_cache.keys, layer_cache.values
+        else:
+            source = key_value_states if is_cross else hidden_states  # (B, K, D)
+            kv_shape = (batch, source.shape[1], self.num_heads, self.head_dim)
+            key = self.k_proj(source).view(kv_shape).transpose(1, 2)  # (B, H, K, Dh)
+            value = self.v_proj(source).view(kv_shape).transpose(1, 2)
+            if cache is not None:
+                if is_cross:
+                    key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+                    cache.is_updated[self.layer_idx] = True
+                else:
+                    key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
+
+        if output_attentions:  # only the eager kernel materialises the probabilities
+            attention_interface: Callable = eager_attention_forward
+        else:
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, eager_attention_forward
+            )
+        if attention_mask is not None and attention_mask.device != query.device:
+            attention_mask = attention_mask.to(query.device)
+        output, weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+        )
+        output = output.reshape(batch, length, -1)  # Concat(head_1, …, head_h): (B, T, D)
+        return self.out_proj(output), (weights if output_attentions else None)
+
+
+# --------------------------------------------------------------------------------------------------
+# §3.3 Position-wise feed-forward network, §3.1 encoder and decoder layers
+# --------------------------------------------------------------------------------------------------
+class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
+    """§3.1 encoder layer: x = LayerNorm(x + Dropout(SelfAttention(x))); then
+    x = LayerNorm(x + Dropout(FFN(x))) with §3.3 Eq. (2) FFN(x) = max(0, x W_1 + b_1) W_2 + b_2
+    (``fc1``, ``fc2``). Post-LN as in the paper: the normalisation follows the residual add.
+    """
+
+    def __init__(self, config: VanillaTransformerConfig) -> None:
+        super().__init__()
+        self.self_attn = VanillaTransformerAttention(config, config.encoder_attention_heads)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
+        self.fc1 = nn.Linear(config.d_model, config.encoder_ffn_dim)
+        self.fc2 = nn.Linear(config.encoder_ffn_dim, config.d_model)
+        self.final_layer_norm = nn.LayerNorm(config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.dropout = config.dropout
+        self.activation_dropout = config.activation_dropout
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, S, D) → (B, S, D)."""
+        residual = hidden_states
+        hidden_states, weights = self.self_attn(
+            hidden_states, attention_mask=attention_mask, output_attentions=output_attentions
+        )
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.self_attn_layer_norm(residual + hidden_states)
+
+        residual = hidden_states
+        hidden_states = self.activation_fn(self.fc1(hidden_states))  # (B, S, F)
+        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        hidden_states = self.fc2(hidden_states)
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.final_layer_norm(residual + hidden_states)
+        return hidden_states, weights
+
+
+class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
+    """§3.1 decoder layer: masked self-attention, encoder-decoder attention and the FFN, each
+    followed by Dropout, the residual add and LayerNorm (post-LN)."""
+
+    def __init__(self, config: VanillaTransformerConfig, layer_idx: int) -> None:
+        super().__init__()
+        heads = config.decoder_attention_heads
+        self.self_attn = VanillaTransformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
+        self.encoder_attn = VanillaTransformerAttention(config, heads, layer_idx=layer_idx)
+        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model)
+        self.fc1 = nn.Linear(config.d_model, config.decoder_ffn_dim)
+        self.fc2 = nn.Linear(config.decoder_ffn_dim, config.d_model)
+        self.final_layer_norm = nn.LayerNorm(config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.dropout = config.dropout
+        self.activation_dropout = config.activation_dropout
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: EncoderDecoderCache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(B, T, D) and encoder output (B, S, D) → (B, T, D)."""
+        residual = hidden_states
+        hidden_states, self_weights = self.self_attn(
+            hidden_states, attention_mask=attention_mask, cache=cache, output_attentions=output_attentions
+        )
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.self_attn_layer_norm(residual + hidden_states)
+
+        residual = hidden_states
+        hidden_states, cross_weights = self.encoder_attn(
+            hidden_states,
+            key_value_states=encoder_hidden_states,
+            attention_mask=encoder_attention_mask,
+            cache=cache,
+            output_attentions=output_attentions,
+        )
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.encoder_attn_layer_norm(residual + hidden_states)
+
+        residual = hidden_states
+        hidden_states = self.activation_fn(self.fc1(hidden_states))  # (B, T, F)
+        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        hidden_states = self.fc2(hidden_states)
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.final_layer_norm(residual + hidden_states)
+        return hidden_states, self_weights, cross_weights
+
+
+# --------------------------------------------------------------------------------------------------
+# The pre-trained model base: initialisation (deviation 1) and HF capabilities
+# --------------------------------------------------------------------------------------------------
+class VanillaTransformerPreTrainedModel(PreTrainedModel):
+    """Weight initialisation and the capabilities declared to transformers."""
+
+    config_class = VanillaTransformerConfig
+    config: VanillaTransformerConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["VanillaTransformerEncoderLayer", "VanillaTransformerDecoderLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Deviation 1: N(0, d_model^-0.5) embeddings (and untied output projection), Xavier-uniform
+        linear layers with zero bias, LayerNorm γ = 1, β = 0."""
+        std = self.config.init_std if self.config.init_std is not None else self.config.d_model**-0.5
+        if isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
+            init.normal_(module.weight, mean=0.0, std=std)
+            padding_idx = getattr(module, "padding_idx", None)
+            if padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[padding_idx])
+        elif isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+
+# --------------------------------------------------------------------------------------------------
+# §3.1 The encoder and decoder stacks, §3.4 embeddings
+# --------------------------------------------------------------------------------------------------
+def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> None:
+    """Raise a clear error for ids outside [0, V) instead of an index error deep inside torch."""
+    if input_ids.shape[-1] == 0:
+        raise ValueError(f"`{name}` is empty (sequence length 0): give at least one token per row.")
+    if torch.compiler.is_compiling():
+        return
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"`{name}` contains token id {high if high >= vocab_size else low}, outside the vocabulary "
+            f"[0, {vocab_size}). Use the tokenizer the model was trained with, or resize the embeddings "
+            "with `model.resize_token_embeddings(len(tokenizer))`."
+        )
+
+
+class VanillaTransformerEncoder(nn.Module):
+    """§3.1 encoder: N identical layers over Dropout(√d_model · Embedding(x) + PE) (§3.4, §3.5, §5.4).
+    There is no final LayerNorm: the last layer's post-LN output is the encoder output."""
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = embed_tokens
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_positions = VanillaTransformerPositionalEncoding(config.d_model)
+        self.layers = nn.ModuleList(
+            [VanillaTransformerEncoderLayer(config) for _ in range(config.encoder_layers)]
+        )
+        self.dropout = config.dropout
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs: object,
+    ) -> BaseModelOutput:
+        """input_ids (B, S) → last_hidden_state (B, S, D); ``hidden_states[0]`` is the embedding output."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Give exactly one of `input_ids` or `inputs_embeds` to the encoder.")
+        if input_ids is not None:
+            _check_token_ids(input_ids, self.embed_tokens.num_embeddings, "input_ids")
+            inputs_embeds = self.embed_tokens(input_ids)
+        hidden_states = inputs_embeds * self.embed_scale  # (B, S, D)
+        hidden_states = hidden_states + self.embed_positions(
+            hidden_states.shape[1], 0, hidden_states.device, hidden_states.dtype
+        )
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        mask = build_attention_mask(
+            attention_mask, hidden_states.shape[1], hidden_states.shape[1], causal=False
+        )
+
+        all_hidden = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layers:
+            hidden_states, weights = layer(hidden_states, mask, output_attentions=bool(output_attentions))
+            if output_hidden_states:
+                all_hidden += (hidden_states,)
+            if output_attentions:
+                all_attentions += (weights,)
+        return BaseModelOutput(
+            last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=all_attentions
+        )
+
+
+class VanillaTransformerDecoder(nn.Module):
+    """§3.1 decoder: N identical layers over Dropout(√d_model · Embedding(y) + PE), with the
+    self-attention masked so that position i sees only positions ≤ i. No final LayerNorm."""
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = embed_tokens
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_positions = VanillaTransformerPositionalEncoding(config.d_model)
+        self.layers = nn.ModuleList(
+            [VanillaTransformerDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)]
+        )
+        self.dropout = config.dropout
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs: object,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        """input_ids (B, T) and encoder output (B, S, D) → last_hidden_state (B, T, D)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(
+                "Give exactly one of `decoder_input_ids` or `decoder_inputs_embeds` to the decoder."
+            )
+        if encoder_hidden_states is None:
+            raise ValueError("The decoder needs `encoder_hidden_states` (the output of the encoder).")
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = cache.get_seq_length() if cache is not None else 0
+        if input_ids is not None:
+            if past_length == 0:  # generated ids come from the model's own vocabulary
+                _check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids")
+            inputs_embeds = self.embed_tokens(input_ids)
+        hidden_states = inputs_embeds * self.embed_scale  # (B, T, D)
+        length = hidden_states.shape[1]
+        hidden_states = hidden_states + self.embed_positions(
+            length, past_length, hidden_states.device, hidden_states.dtype
+        )
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+
+        eager = bool(output_attentions) or self.config._attn_implementation != "sdpa"
+        self_mask = build_attention_mask(
+            attention_mask,
+            length,
+            past_length + length,
+            causal=True,
+            past_length=past_length,
+            materialize_causal=eager,
+        )
+        cross_mask = build_attention_mask(
+            encoder_attention_mask, length, encoder_hidden_states.shape[1], causal=False
+        )
+
+        all_hidden = (hidden_states,) if output_hidden_states else None
+        all_self = () if output_attentions else None
+        all_cross = () if output_attentions else None
+        for layer in self.layers:
+            hidden_states, self_weights, cross_weights = layer(
+                hidden_states,
+                encoder_hidden_states,
+                attention_mask=self_mask,
+                encoder_attention_mask=cross_mask,
+                cache=cache,
+                output_attentions=bool(output_attentions),
+            )
+            if output_hidden_states:
+                all_hidden += (hidden_states,)
+            if output_attentions:
+                all_self += (self_weights,)
+                all_cross += (cross_weights,)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            cache=cache if use_cache else None,
+            hidden_states=all_hidden,
+            attentions=all_self,
+            cross_attentions=all_cross,
+        )
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs from labels (teacher forcing): prepend the start token, drop the last label,
+    and turn ignored positions (-100) into padding. (B, T) → (B, T)."""
+    shifted = labels.new_zeros(labels.shape)
+    shifted[:, 1:] = labels[:, :-1].clone()
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+# --------------------------------------------------------------------------------------------------
+# The bare encoder-decoder and the model with the §3.4 pre-softmax projection
+# --------------------------------------------------------------------------------------------------
+class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
+    """The encoder-decoder of Figure 1 without the output projection; one embedding matrix
+    (``shared``) serves source and target (§3.4)."""
+
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config: VanillaTransformerConfig) -> None:
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+        self.encoder = VanillaTransformerEncoder(config, self.shared)
+        self.decoder = VanillaTransformerDecoder(config, self.shared)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.shared = value
+        self.encoder.embed_tokens = value
+        self.decoder.embed_tokens = value
+
+    def get_encoder(self, modality: str | None = None) -> VanillaTransformerEncoder:
+        return self.encoder
+
+    def get_decoder(self) -> VanillaTransformerDecoder:
+        return self.decoder
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple[torch.Tensor, ...] | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs: object,
+    ) -> Seq2SeqModelOutput:
+        """Source (B, S) and decoder inputs (B, T) → decoder output (B, T, D)."""
+        cache = cache if cache is not None else past_key_values
+        if cache is not None and not isinstance(cache, EncoderDecoderCache):
+            raise TypeError(
+                f"`cache` must be an EncoderDecoderCache (self- and cross-attention), got {type(cache).__name__}."
+            )
+        output_attentions = (
+            output_attentions if output_attentions is not None else self.config.output_attentions
+        )
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            raise ValueError(
+                "Give `decoder_input_ids` (or `labels` to VanillaTransformerForConditionalGeneration, which "
+                "shifts them right to build the decoder inputs)."
+            )
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            cache=decoder_outputs.cache,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class _SourceLengthBound(LogitsProcessor):
+    """§6.1 per sentence: once a hypothesis holds ``source length + 50`` generated tokens, only
+    ``</s>`` may follow. ``source_lengths`` has one entry per row (batch × beams)."""
+
+    def __init__(self, source_lengths: torch.Tensor, start_length: int, eos_token_id: int) -> None:
+        # (rows,) decoder length at which only </s> may follow: source length + 50 tokens in all.
+        self.limits = source_lengths + MAX_LENGTH_OFFSET - 1 + start_length
+        self.eos_token_id = eos_token_id
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        rows = input_ids.shape[0]
+        limits = self.limits.to(input_ids.device).repeat_interleave(rows // self.limits.shape[0])
+        done = (input_ids.shape[1] >= limits)[:, None]  # (rows, 1)
+        forced = torch.full_like(scores, -math.inf)
+        forced[:, self.eos_token_id] = 0.0
+        return torch.where(done, forced, scores)
+
+
+class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
+    """The full model of Figure 1: encoder-decoder plus the pre-softmax linear projection, which
+    shares its weight with the embeddings (§3.4), and the training loss (§5.4 label smoothing)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config: VanillaTransformerConfig) -> None:
+        super().__init__(config)
+        self.model = VanillaTransformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+        # §6.1: beam size 4, length penalty α = 0.6, stop when no better hypothesis can appear.
+        self.generation_config.num_beams = 4
+        self.generation_config.length_penalty = 0.6
+        self.generation_config.early_stopping = True
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
+
+    def get_encoder(self, modality: str | None = None) -> VanillaTransformerEncoder:
+        return self.model.encoder
+
+    def get_decoder(self) -> VanillaTransformerDecoder:
+        return self.model.decoder
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """Used by ``DataCollatorForSeq2Seq``: teacher-forcing inputs from padded labels."""
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple[torch.Tensor, ...] | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs: object,
+    ) -> Seq2SeqLMOutput:
+        """Logits (B, T, V) over the shared vocabulary; with ``labels`` (B, T) also the loss.
+
+        ``labels`` are the target tokens as they are (-100 = ignored); the decoder inputs are built by
+        shifting them right, the labels themselves are not shifted again. The loss is the sum of the
+        (label-smoothed) token cross-entropies divided by ``num_items_in_batch`` when the Trainer
+        passes it (gradient accumulation, several processes), else by this batch's label count.
+        """
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            cache=cache if cache is not None else past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function_seq2seq(logits, labels, num_items_in_batch)
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+    def loss_function_seq2seq(
+        self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None
+    ) -> torch.Tensor:
+        """Σ over target tokens of the label-smoothed cross-entropy (§5.4, ε_ls =
+        ``config.label_smoothing``), divided by the number of target tokens: ``num_items_in_batch``
+        (counted by the Trainer over all accumulation steps and processes) or this batch's count."""
+        labels = labels.to(logits.device)
+        total = F.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]),
+            labels.reshape(-1),
+            ignore_index=-100,
+            reduction="sum",
+            label_smoothing=self.config.label_smoothing,
+        )
+        if num_items_in_batch is None:
+            num_items_in_batch = (labels != -100).sum().clamp(min=1)
+        if isinstance(num_items_in_batch, torch.Tensor):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config: object | None = None,
+        logits_processor: LogitsProcessorList | None = None,
+        **kwargs: object,
+    ) -> torch.Tensor:
+        """``GenerationMixin.generate`` with the §6.1 length bound as the default: when no
+        ``max_length``/``max_new_tokens`` is set anywhere, each sentence may produce at most its own
+        source length + 50 tokens (never HF's silent 20-token default)."""
+        config = generation_config if generation_config is not None else self.generation_config
+        bounded = any(
+            value is not None
+            for value in (
+                kwargs.get("max_length"),
+                kwargs.get("max_new_tokens"),
+                getattr(config, "max_length", None),
+                getattr(config, "max_new_tokens", None),
+            )
+        )
+        source = inputs if inputs is not None else kwargs.get("input_ids")
+        if not bounded and source is not None:
+            attention_mask = kwargs.get("attention_mask")
+            if attention_mask is not None:
+                source_lengths = attention_mask.sum(dim=-1)
+            else:
+                source_lengths = torch.full((source.shape[0],), source.shape[1], device=source.device)
+            kwargs["max_new_tokens"] = int(source_lengths.max()) + MAX_LENGTH_OFFSET
+            bound = _SourceLengthBound(source_lengths, 1, self.config.eos_token_id)
+            logits_processor = LogitsProcessorList([*(logits_processor or []), bound])
+        elif not bounded:
+            encoder_outputs = kwargs.get("encoder_outputs")
+            if encoder_outputs is not None:
+                kwargs["max_new_tokens"] = encoder_outputs[0].shape[1] + MAX_LENGTH_OFFSET
+        return super().generate(
+            inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
+        )
+
+
+__all__ = [
+    "VanillaTransformerForConditionalGeneration",
+    "VanillaTransformerModel",
+    "VanillaTransformerPreTrainedModel",
+]
