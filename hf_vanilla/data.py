@@ -1,0 +1,546 @@
+"""Parallel data for translation: Hub datasets, local files, and an embedded demo task.
+
+Every loader returns a `datasets.DatasetDict` with splits among `train`, `validation` and `test`,
+whose examples have one column, `translation`, holding `{source_lang: str, target_lang: str}` — the
+convention of the Hub's translation datasets (e.g. `wmt14`, config `de-en`, used in §6.1 of the paper).
+
+Sources (see `DataArguments`):
+
+- **Hub dataset** by name and config, through `datasets.load_dataset`. When the Hub cannot be used
+  (offline mode, unreachable endpoint, unknown name) this fails within seconds with an error that says
+  how to pass local files instead, rather than after `huggingface_hub`'s ~25-second retry loop.
+- **Local files**, per split, with `--train_files/--validation_files/--test_files`:
+    * two paths: plain-text source file then target file, one sentence per line (`.gz` accepted);
+    * one prefix `PREFIX` such that `PREFIX.{src}` and `PREFIX.{tgt}` exist (each may end in `.gz`),
+      e.g. `/data/multi30k/train` for `train.en.gz` + `train.de.gz`;
+    * one JSON-lines file (`.jsonl`/`.json`, optionally `.gz`) with a `translation` object per line;
+    * one TSV file (`.tsv`, optionally `.gz`), `source<TAB>target` per line.
+- **Demo task** (`--demo`): English → German spelled-out numbers, generated at run time, no network.
+
+Whitespace: each sentence loses its line terminator (`\\n` or `\\r\\n`; lines are split on `\\n`
+only, so a stray `\\r` or U+2028 inside a sentence stays put) and then leading and trailing whitespace
+(`str.strip()`). Whitespace inside a sentence is kept as is. Multi30k has 40 German training lines
+ending in a space; they lose it, which changes no word.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation", "test")
+
+_LOCAL_FILES_HELP = (
+    "To use local files instead, pass them per split, e.g. "
+    "`--train_files PREFIX` (for PREFIX.{src} and PREFIX.{tgt}, each optionally .gz), "
+    "`--train_files train.{src} train.{tgt}` (plain text, one sentence per line), "
+    "`--train_files train.jsonl` (a `translation` object per line) or `--train_files train.tsv` "
+    "(source<TAB>target), likewise `--validation_files` and `--test_files`, together with "
+    "`--source_lang {src} --target_lang {tgt}`; or use `--demo` for the embedded number-translation task. "
+    "In Python: `load_local_files({{'train': [...], 'validation': [...]}}, source_lang='{src}', "
+    "target_lang='{tgt}')`."
+)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Arguments
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DataArguments:
+    """Where the parallel data comes from. Exactly one source: `dataset_name`, local files, or `demo`."""
+
+    source_lang: str = field(
+        default="en", metadata={"help": "Source language code (a key of `translation`)."}
+    )
+    target_lang: str = field(
+        default="de", metadata={"help": "Target language code (a key of `translation`)."}
+    )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Hub dataset name, e.g. `wmt14` (the paper's WMT 2014 English-German, §5.1). "
+            "Needs the Hub or a cached copy (HF_HUB_OFFLINE=1 uses the cache only)."
+        },
+    )
+    dataset_config_name: str | None = field(
+        default=None, metadata={"help": "Hub dataset config, e.g. `de-en` for `wmt14`."}
+    )
+    train_files: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Local training data: SRC_FILE TGT_FILE (plain text, one sentence per line, .gz ok), "
+            "or PREFIX (PREFIX.<source_lang> and PREFIX.<target_lang>, .gz ok), or one .jsonl file "
+            "(`translation` object per line) or one .tsv file (source<TAB>target)."
+        },
+    )
+    validation_files: list[str] | None = field(
+        default=None, metadata={"help": "Local validation data, same forms as --train_files."}
+    )
+    test_files: list[str] | None = field(
+        default=None, metadata={"help": "Local test data, same forms as --train_files."}
+    )
+    demo: bool = field(
+        default=False,
+        metadata={
+            "help": "Use the embedded demo task: English → German spelled-out numbers (no files needed)."
+        },
+    )
+    demo_max_number: int = field(
+        default=9999, metadata={"help": "Demo task: largest number (at most 999999); numbers are 0..max."}
+    )
+    demo_train_size: int = field(default=6000, metadata={"help": "Demo task: number of training pairs."})
+    demo_validation_size: int = field(
+        default=500, metadata={"help": "Demo task: number of validation pairs."}
+    )
+    demo_test_size: int = field(default=500, metadata={"help": "Demo task: number of test pairs."})
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Keep only the first N training pairs (for quick runs)."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Keep only the first N validation and test pairs (for quick runs)."}
+    )
+    seed: int = field(default=42, metadata={"help": "Seed for the demo task's choice of numbers."})
+
+    def local_files(self) -> dict[str, list[str]]:
+        """The local file arguments given, by split name."""
+        given = {"train": self.train_files, "validation": self.validation_files, "test": self.test_files}
+        return {split: files for split, files in given.items() if files}
+
+
+def load_from_args(args: DataArguments) -> datasets.DatasetDict:
+    """Load the parallel data described by `args` (see `DataArguments`)."""
+    if args.source_lang == args.target_lang:
+        raise ValueError(
+            f"source_lang and target_lang are both {args.source_lang!r}; pass two different language codes."
+        )
+    local = args.local_files()
+    chosen = [
+        name
+        for name, used in (
+            ("--dataset_name", args.dataset_name),
+            ("local files", local),
+            ("--demo", args.demo),
+        )
+        if used
+    ]
+    if len(chosen) != 1:
+        raise ValueError(
+            f"Give exactly one data source; got {len(chosen)} ({', '.join(chosen) or 'none'}). Use "
+            "`--dataset_name NAME --dataset_config_name CONFIG` for the Hub, or local files, or `--demo`. "
+            + _LOCAL_FILES_HELP.format(src=args.source_lang, tgt=args.target_lang)
+        )
+    if args.dataset_name:
+        data = load_hub_dataset(
+            args.dataset_name, args.dataset_config_name, args.source_lang, args.target_lang
+        )
+    elif local:
+        data = load_local_files(local, args.source_lang, args.target_lang)
+    else:
+        if (args.source_lang, args.target_lang) != ("en", "de"):
+            raise ValueError(
+                f"The demo task translates en → de; got --source_lang {args.source_lang} "
+                f"--target_lang {args.target_lang}. Pass --source_lang en --target_lang de."
+            )
+        data = make_demo_splits(
+            args.demo_train_size,
+            args.demo_validation_size,
+            args.demo_test_size,
+            args.demo_max_number,
+            args.seed,
+        )
+    return truncate_splits(data, args.max_train_samples, args.max_eval_samples)
+
+
+def truncate_splits(
+    data: datasets.DatasetDict, max_train_samples: int | None, max_eval_samples: int | None
+) -> datasets.DatasetDict:
+    """Keep the first `max_train_samples` training and `max_eval_samples` validation/test pairs."""
+    out = {}
+    for split, ds in data.items():
+        limit = max_train_samples if split == "train" else max_eval_samples
+        out[split] = ds.select(range(min(limit, len(ds)))) if limit is not None else ds
+    return datasets.DatasetDict(out)
+
+
+def translation_features(source_lang: str, target_lang: str) -> datasets.Features:
+    """The `translation` feature, as in the Hub's translation datasets."""
+    return datasets.Features({"translation": datasets.Translation(languages=[source_lang, target_lang])})
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hub
+# ----------------------------------------------------------------------------------------------------
+
+
+def hub_offline() -> bool:
+    """Whether offline mode is on (environment or already-imported `huggingface_hub`/`datasets` constants)."""
+    import huggingface_hub.constants
+
+    env = any(
+        os.environ.get(var, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+        for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
+    return env or bool(huggingface_hub.constants.HF_HUB_OFFLINE) or bool(datasets.config.HF_HUB_OFFLINE)
+
+
+def _hub_unreachable_reason(timeout: float = 5.0) -> str | None:
+    """One HEAD request to the Hub endpoint without retries; why it failed, or None if the Hub answered."""
+    import urllib.error
+    import urllib.request
+
+    import huggingface_hub.constants
+
+    endpoint = huggingface_hub.constants.ENDPOINT
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return None  # the server answered (any status): reachable
+    except OSError as err:  # URLError, DNS failure, refused connection, timeout
+        return f"{endpoint} is unreachable ({err})"
+    return None
+
+
+def load_hub_dataset(
+    name: str, config_name: str | None, source_lang: str, target_lang: str, **load_kwargs: Any
+) -> datasets.DatasetDict:
+    """`datasets.load_dataset(name, config_name)`, failing fast with a useful message when it cannot work.
+
+    Offline mode is checked first: if `datasets` itself runs offline, only its cache is consulted (fast);
+    if offline mode was switched on after `datasets` was imported, the Hub is not contacted at all. Online,
+    the endpoint is probed once without retries before loading. Connection and not-found errors are re-raised
+    as `ValueError` naming the local-file arguments.
+    """
+    how = _LOCAL_FILES_HELP.format(src=source_lang, tgt=target_lang)
+    label = name + (f" (config {config_name!r})" if config_name else "")
+    is_local = os.path.exists(name)
+    if not is_local and hub_offline() and not datasets.config.HF_HUB_OFFLINE:
+        raise ValueError(
+            f"Cannot load Hub dataset {label}: offline mode is on (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE) but was "
+            f"set after `datasets` was imported, so its cache cannot be used safely. {how}"
+        )
+    if not is_local and not hub_offline() and (reason := _hub_unreachable_reason()) is not None:
+        raise ValueError(
+            f"Cannot load Hub dataset {label}: {reason}. If it is cached, set HF_HUB_OFFLINE=1 to use the "
+            f"cache. {how}"
+        )
+    try:
+        data = datasets.load_dataset(name, config_name, **load_kwargs)
+    except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetNotFoundError) as err:
+        mode = " (offline mode is on and it is not in the cache)" if hub_offline() else ""
+        raise ValueError(f"Cannot load Hub dataset {label}{mode}: {err}. {how}") from err
+    if not isinstance(data, datasets.DatasetDict):
+        raise ValueError(f"Hub dataset {label} gave {type(data).__name__}, expected a DatasetDict of splits.")
+    for split, ds in data.items():
+        if "translation" not in ds.column_names:
+            raise ValueError(
+                f"Hub dataset {label}, split {split!r}, has columns {ds.column_names} but no `translation` "
+                f"column; convert it to {{'translation': {{'{source_lang}': ..., '{target_lang}': ...}}}} or "
+                f"use local files. {how}"
+            )
+        first = ds[0]["translation"] if len(ds) else {}
+        missing = [lang for lang in (source_lang, target_lang) if lang not in first]
+        if missing:
+            raise ValueError(
+                f"Hub dataset {label}, split {split!r}: `translation` has languages {sorted(first)}, not "
+                f"{missing}. Check --source_lang/--target_lang or --dataset_config_name."
+            )
+    return data
+
+
+# ----------------------------------------------------------------------------------------------------
+# Local files
+# ----------------------------------------------------------------------------------------------------
+
+
+def _open_text(path: Path):
+    """Open a UTF-8 text file (gzip if it ends in .gz) that splits lines on '\\n' only."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8", newline="\n")
+    return open(path, encoding="utf-8", newline="\n")
+
+
+def _check_file(path: Path) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(f"Data file {str(path)!r} does not exist (or is not a file).")
+
+
+def _read_lines(path: Path) -> Iterator[str]:
+    """Lines of a text file without their terminator (see the module docstring on whitespace)."""
+    _check_file(path)
+    try:
+        with _open_text(path) as handle:
+            for line in handle:
+                yield line.rstrip("\n").rstrip("\r")
+    except (UnicodeDecodeError, OSError, EOFError) as err:
+        raise ValueError(
+            f"Cannot read {str(path)!r} as UTF-8 text{' (gzip)' if path.suffix == '.gz' else ''}: {err}"
+        ) from err
+
+
+def _clean(text: str) -> str:
+    return text.strip()
+
+
+def read_parallel_text(source_path: str | Path, target_path: str | Path) -> tuple[list[str], list[str]]:
+    """Two plain-text files, one sentence per line; line i of one translates line i of the other."""
+    source_path, target_path = Path(source_path), Path(target_path)
+    sources = [_clean(line) for line in _read_lines(source_path)]
+    targets = [_clean(line) for line in _read_lines(target_path)]
+    for path, lines in ((source_path, sources), (target_path, targets)):
+        if not lines:
+            raise ValueError(f"Data file {str(path)!r} is empty; it needs one sentence per line.")
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"Parallel files differ in length: {str(source_path)!r} has {len(sources)} lines but "
+            f"{str(target_path)!r} has {len(targets)}. Line i of one must translate line i of the other."
+        )
+    return sources, targets
+
+
+def read_tsv(path: str | Path) -> tuple[list[str], list[str]]:
+    """A TSV file with `source<TAB>target` on each line (exactly one tab)."""
+    path = Path(path)
+    sources, targets = [], []
+    for number, line in enumerate(_read_lines(path), start=1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise ValueError(
+                f"{str(path)!r}, line {number}: expected exactly one tab (source<TAB>target), found "
+                f"{len(fields) - 1}: {line[:80]!r}"
+            )
+        sources.append(_clean(fields[0]))
+        targets.append(_clean(fields[1]))
+    if not sources:
+        raise ValueError(f"Data file {str(path)!r} is empty; it needs one source<TAB>target pair per line.")
+    return sources, targets
+
+
+def read_jsonl(path: str | Path, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
+    """A JSON-lines file with `{"translation": {source_lang: ..., target_lang: ...}}` per line (blank lines skipped)."""
+    path = Path(path)
+    sources, targets = [], []
+    for number, line in enumerate(_read_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{str(path)!r}, line {number}: not valid JSON ({err}).") from err
+        pair = record.get("translation") if isinstance(record, dict) else None
+        if not isinstance(pair, dict) or not all(
+            isinstance(pair.get(k), str) for k in (source_lang, target_lang)
+        ):
+            raise ValueError(
+                f"{str(path)!r}, line {number}: expected an object like "
+                f'{{"translation": {{"{source_lang}": "...", "{target_lang}": "..."}}}}, got {line[:80]!r}'
+            )
+        sources.append(_clean(pair[source_lang]))
+        targets.append(_clean(pair[target_lang]))
+    if not sources:
+        raise ValueError(f"Data file {str(path)!r} is empty; it needs one JSON object per line.")
+    return sources, targets
+
+
+def _resolve_prefix(prefix: str, lang: str) -> Path | None:
+    for candidate in (Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _format_of(path: Path) -> str | None:
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes = suffixes[:-1]
+    if suffixes and suffixes[-1] in (".jsonl", ".json"):
+        return "jsonl"
+    if suffixes and suffixes[-1] == ".tsv":
+        return "tsv"
+    return None
+
+
+def read_split_files(files: Sequence[str], source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
+    """Read one split given in any of the local forms (see the module docstring)."""
+    files = list(files)
+    if len(files) == 2:
+        source, target = Path(files[0]), Path(files[1])
+        # Catch swapped files: a name ending in `.{target_lang}` given as the source, or vice versa.
+        for path, own, other in ((source, source_lang, target_lang), (target, target_lang, source_lang)):
+            stem = path.name[:-3] if path.name.endswith(".gz") else path.name
+            if stem.endswith(f".{other}") and not stem.endswith(f".{own}"):
+                raise ValueError(
+                    f"{str(path)!r} looks like a {other!r} file but is given as the "
+                    f"{'source' if own == source_lang else 'target'} ({own!r}). Give the source file first, "
+                    f"then the target file, or swap --source_lang/--target_lang."
+                )
+        return read_parallel_text(source, target)
+    if len(files) != 1:
+        raise ValueError(
+            f"Expected one path (a prefix, a .jsonl or a .tsv file) or two paths (source, target), got "
+            f"{len(files)}: {files}."
+        )
+    path = Path(files[0])
+    kind = _format_of(path)
+    if kind == "jsonl":
+        return read_jsonl(path, source_lang, target_lang)
+    if kind == "tsv":
+        return read_tsv(path)
+    source, target = _resolve_prefix(files[0], source_lang), _resolve_prefix(files[0], target_lang)
+    if source is not None and target is not None:
+        return read_parallel_text(source, target)
+    if path.is_file():
+        raise ValueError(
+            f"{str(path)!r} is neither .jsonl nor .tsv (optionally .gz). For plain text, give two paths "
+            f"(source file, then target file) or a prefix PREFIX with PREFIX.{source_lang} and PREFIX.{target_lang}."
+        )
+    missing = [
+        f"{files[0]}.{lang}[.gz]"
+        for lang, found in ((source_lang, source), (target_lang, target))
+        if found is None
+    ]
+    raise FileNotFoundError(
+        f"No data found for {files[0]!r}: it is not a file, and as a prefix these are missing: {', '.join(missing)}."
+    )
+
+
+def load_local_files(
+    split_files: dict[str, Sequence[str]], source_lang: str, target_lang: str
+) -> datasets.DatasetDict:
+    """Build a `DatasetDict` from local files, e.g. `{"train": ["train.en.gz", "train.de.gz"], "validation": ["val"]}`."""
+    unknown = set(split_files) - set(SPLITS)
+    if unknown:
+        raise ValueError(f"Unknown split names {sorted(unknown)}; use {list(SPLITS)}.")
+    features = translation_features(source_lang, target_lang)
+    out = {}
+    for split, files in split_files.items():
+        sources, targets = read_split_files(files, source_lang, target_lang)
+        empty = sum(1 for s, t in zip(sources, targets, strict=True) if not s or not t)
+        if empty:
+            logger.warning("%s (%s): %d pairs have an empty side.", split, files, empty)
+        pairs = [{source_lang: s, target_lang: t} for s, t in zip(sources, targets, strict=True)]
+        out[split] = datasets.Dataset.from_dict({"translation": pairs}, features=features)
+        logger.info("Loaded %d %s pairs from %s", len(pairs), split, files)
+    return datasets.DatasetDict(out)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Demo task: English → German spelled-out numbers
+# ----------------------------------------------------------------------------------------------------
+
+# fmt: off
+_EN_ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+            "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+_EN_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+_DE_ONES = ["null", "eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun", "zehn", "elf",
+            "zwölf", "dreizehn", "vierzehn", "fünfzehn", "sechzehn", "siebzehn", "achtzehn", "neunzehn"]
+_DE_TENS = ["", "", "zwanzig", "dreißig", "vierzig", "fünfzig", "sechzig", "siebzig", "achtzig", "neunzig"]
+# fmt: on
+MAX_DEMO_NUMBER = 999_999
+
+
+def _check_number(n: int) -> None:
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_DEMO_NUMBER:
+        raise ValueError(f"Numbers must be integers in 0..{MAX_DEMO_NUMBER}, got {n!r}.")
+
+
+def _english_below_1000(n: int) -> str:
+    hundreds, rest = divmod(n, 100)
+    words = [f"{_EN_ONES[hundreds]} hundred"] if hundreds else []
+    if rest:
+        tens, ones = divmod(rest, 10)
+        words.append(_EN_ONES[rest] if rest < 20 else _EN_TENS[tens] + (f"-{_EN_ONES[ones]}" if ones else ""))
+    return " ".join(words)
+
+
+def english_number(n: int) -> str:
+    """American English words without "and": 3421 → "three thousand four hundred twenty-one"."""
+    _check_number(n)
+    if n == 0:
+        return "zero"
+    thousands, rest = divmod(n, 1000)
+    words = [f"{_english_below_1000(thousands)} thousand"] if thousands else []
+    if rest:
+        words.append(_english_below_1000(rest))
+    return " ".join(words)
+
+
+def _german_below_1000(n: int, final: bool) -> str:
+    """German words for 1..999; a trailing 1 is "eins" only at the very end of the number (`final`)."""
+    hundreds, rest = divmod(n, 100)
+    word = f"{'ein' if hundreds == 1 else _DE_ONES[hundreds]}hundert" if hundreds else ""
+    if rest == 1:
+        word += "eins" if final else "ein"
+    elif rest < 20 and rest:
+        word += _DE_ONES[rest]
+    elif rest:
+        tens, ones = divmod(rest, 10)
+        unit = "ein" if ones == 1 else _DE_ONES[ones]
+        word += (f"{unit}und" if ones else "") + _DE_TENS[tens]
+    return word
+
+
+def german_number(n: int) -> str:
+    """German words written as one word: 3421 → "dreitausendvierhunderteinundzwanzig".
+
+    Standard forms: "einhundert", "eintausend" (never bare "hundert"/"tausend"); "eins" only at the end
+    ("einhunderteins", "eintausendeins"), "ein" inside ("einundzwanzig", "einhunderteintausend").
+    """
+    _check_number(n)
+    if n == 0:
+        return "null"
+    thousands, rest = divmod(n, 1000)
+    word = f"{_german_below_1000(thousands, final=False)}tausend" if thousands else ""
+    if rest:
+        word += _german_below_1000(rest, final=True)
+    return word
+
+
+def make_number_pairs(numbers: Sequence[int]) -> list[dict[str, str]]:
+    """Translation pairs `{"en": english words, "de": german words}` for the given numbers."""
+    return [{"en": english_number(n), "de": german_number(n)} for n in numbers]
+
+
+def make_demo_splits(
+    n_train: int = 6000,
+    n_valid: int = 500,
+    n_test: int = 500,
+    max_number: int = 9999,
+    seed: int = 42,
+) -> datasets.DatasetDict:
+    """The demo task: English → German spelled-out numbers, splits drawn from 0..`max_number` without overlap.
+
+    A tiny stand-in for WMT EN-DE that needs no download: word order changes ("twenty-one" → "einundzwanzig",
+    units before tens) and words fuse into one, so the model must learn reordering and subword output.
+    """
+    _check_number(max_number)
+    sizes = {"train": n_train, "validation": n_valid, "test": n_test}
+    if any(size < 0 for size in sizes.values()):
+        raise ValueError(f"Split sizes must be non-negative, got {sizes}.")
+    total = sum(sizes.values())
+    if total > max_number + 1:
+        raise ValueError(
+            f"Asked for {total} distinct numbers ({sizes}) but 0..{max_number} has only {max_number + 1}; "
+            "raise max_number (up to 999999) or lower the split sizes."
+        )
+    numbers = random.Random(seed).sample(range(max_number + 1), total)
+    features = translation_features("en", "de")
+    out, start = {}, 0
+    for split, size in sizes.items():
+        if size:
+            pairs = make_number_pairs(numbers[start : start + size])
+            out[split] = datasets.Dataset.from_dict({"translation": pairs}, features=features)
+        start += size
+    return datasets.DatasetDict(out)
