@@ -1,0 +1,68 @@
+"""Shared fixtures: tiny configs (d_model 32, 2 + 2 layers, 4 heads, vocab 100) and a tiny tokenizer."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+from hf_vanilla import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+TINY = {
+    "vocab_size": 100,
+    "d_model": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "max_position_embeddings": 64,
+}
+
+
+def tiny_config(**overrides: object) -> VanillaTransformerConfig:
+    return VanillaTransformerConfig(**{**TINY, **overrides})
+
+
+def tiny_model(seed: int = 0, **overrides: object) -> VanillaTransformerForConditionalGeneration:
+    torch.manual_seed(seed)
+    return VanillaTransformerForConditionalGeneration(tiny_config(**overrides)).eval()
+
+
+@pytest.fixture
+def model() -> VanillaTransformerForConditionalGeneration:
+    return tiny_model()
+
+
+@pytest.fixture
+def batch() -> dict[str, torch.Tensor]:
+    """Two source rows (the second padded), decoder inputs and labels (the second padded with -100)."""
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(4, 100, (2, 9), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    input_ids[1, 6:] = 0
+    attention_mask[1, 6:] = 0
+    labels = torch.randint(4, 100, (2, 7), generator=generator)
+    labels[:, -1] = 2
+    labels[1, 5:] = -100
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+@pytest.fixture
+def tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over 96 words with the model's special tokens (<pad> 0, <s> 1, </s> 2, <unk> 3)."""
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({f"w{i}": i + 4 for i in range(96)})
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )

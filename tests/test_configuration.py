@@ -1,0 +1,125 @@
+"""VanillaTransformerConfig: the paper's Table 3 defaults and presets, HF conventions, validation."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+import torch
+from transformers import AutoConfig
+from transformers.utils import logging as hf_logging
+
+from hf_vanilla import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+
+def test_defaults_are_the_paper_base_model() -> None:
+    config = VanillaTransformerConfig()
+    assert config.model_type == "vanilla_transformer"
+    assert (config.encoder_layers, config.decoder_layers) == (6, 6)  # N
+    assert config.d_model == 512
+    assert (config.encoder_attention_heads, config.decoder_attention_heads) == (8, 8)  # h
+    assert (config.encoder_ffn_dim, config.decoder_ffn_dim) == (2048, 2048)  # d_ff
+    assert config.dropout == 0.1  # P_drop
+    assert config.attention_dropout == 0.0 and config.activation_dropout == 0.0
+    assert config.activation_function == "relu"
+    assert config.scale_embedding is True and config.tie_word_embeddings is True
+    assert config.attention_bias is False
+    assert config.to_dict() == VanillaTransformerConfig.from_preset("base").to_dict()
+
+
+def test_big_preset() -> None:
+    config = VanillaTransformerConfig.from_preset("big", vocab_size=1000)
+    assert (config.d_model, config.encoder_attention_heads, config.encoder_ffn_dim, config.dropout) == (
+        1024,
+        16,
+        4096,
+        0.3,
+    )
+    assert config.vocab_size == 1000
+    with pytest.raises(ValueError, match="Unknown preset 'huge'"):
+        VanillaTransformerConfig.from_preset("huge")
+
+
+@pytest.mark.parametrize(
+    ("preset", "low", "high"), [("base", 63e6, 65e6), ("big", 0.99 * 213e6, 1.01 * 213e6)]
+)
+def test_presets_have_the_paper_parameter_counts(preset: str, low: float, high: float) -> None:
+    """Table 3: base ≈ 65 M and big ≈ 213 M parameters with a 37,000-token shared vocabulary
+    (the paper rounds; we accept 63–65 M and 213 M ± 1 %)."""
+    config = VanillaTransformerConfig.from_preset(preset, vocab_size=37000)
+    with torch.device("meta"):
+        model = VanillaTransformerForConditionalGeneration(config)
+    count = sum(p.numel() for p in model.parameters())  # shared embeddings are counted once
+    print(f"{preset}: {count / 1e6:.1f} M parameters")
+    assert low <= count <= high
+
+
+def test_attribute_map_and_special_tokens() -> None:
+    config = VanillaTransformerConfig(d_model=64, encoder_attention_heads=4, encoder_layers=3, vocab_size=50)
+    assert (config.hidden_size, config.num_attention_heads, config.num_hidden_layers) == (64, 4, 3)
+    assert (config.pad_token_id, config.bos_token_id, config.eos_token_id) == (0, 1, 2)
+    assert config.decoder_start_token_id == config.bos_token_id
+    custom = VanillaTransformerConfig(
+        vocab_size=50, pad_token_id=3, bos_token_id=4, eos_token_id=5, decoder_start_token_id=6
+    )
+    assert (custom.pad_token_id, custom.bos_token_id, custom.eos_token_id, custom.decoder_start_token_id) == (
+        3,
+        4,
+        5,
+        6,
+    )
+
+
+def test_default_config_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.DEBUG), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            VanillaTransformerConfig()
+    finally:
+        hf_logging.disable_propagation()
+    assert caplog.records == []
+
+
+def test_save_load_and_auto_config(tmp_path) -> None:
+    config = VanillaTransformerConfig(
+        vocab_size=123, d_model=64, encoder_attention_heads=4, label_smoothing=0.1
+    )
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(loaded, VanillaTransformerConfig)
+    assert loaded.to_diff_dict() == config.to_diff_dict()
+    assert loaded.to_dict() == {**config.to_dict(), "_name_or_path": str(tmp_path)}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"d_model": 100, "encoder_attention_heads": 8}, "encoder_attention_heads"),
+        ({"d_model": 96, "decoder_attention_heads": 5}, "decoder_attention_heads"),
+        ({"d_model": 0}, "d_model"),
+        ({"encoder_layers": -1}, "encoder_layers"),
+        ({"decoder_ffn_dim": 0}, "decoder_ffn_dim"),
+        ({"vocab_size": 0}, "vocab_size"),
+        ({"max_position_embeddings": 0}, "max_position_embeddings"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"attention_dropout": -0.1}, "attention_dropout"),
+        ({"activation_dropout": 1.5}, "activation_dropout"),
+        ({"label_smoothing": 1.0}, "label_smoothing"),
+        ({"activation_function": "tanhh"}, "activation_function"),
+        ({"vocab_size": 10, "pad_token_id": 10}, "pad_token_id"),
+        ({"vocab_size": 10, "eos_token_id": 12}, "eos_token_id"),
+        ({"vocab_size": 10, "bos_token_id": -1}, "bos_token_id"),
+        ({"vocab_size": 10, "decoder_start_token_id": 99}, "decoder_start_token_id"),
+        ({"init_std": 0.0}, "init_std"),
+    ],
+)
+def test_invalid_configurations_name_the_field(overrides: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=f"`{field}`"):
+        VanillaTransformerConfig(**overrides)
+
+
+def test_head_divisibility_error_suggests_a_fix() -> None:
+    with pytest.raises(ValueError, match=r"divisible.*Choose e\.g\. encoder_attention_heads=6"):
+        VanillaTransformerConfig(d_model=30, encoder_attention_heads=8, decoder_attention_heads=6)
