@@ -112,7 +112,9 @@ class DataArguments:
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N validation and test pairs (for quick runs)."}
     )
-    seed: int = field(default=42, metadata={"help": "Seed for the demo task's choice of numbers."})
+    demo_seed: int = field(
+        default=42, metadata={"help": "Demo task: seed for the choice of numbers per split."}
+    )
 
     def local_files(self) -> dict[str, list[str]]:
         """The local file arguments given, by split name."""
@@ -159,7 +161,7 @@ def load_from_args(args: DataArguments) -> datasets.DatasetDict:
             args.demo_validation_size,
             args.demo_test_size,
             args.demo_max_number,
-            args.seed,
+            args.demo_seed,
         )
     return truncate_splits(data, args.max_train_samples, args.max_eval_samples)
 

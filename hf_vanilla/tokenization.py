@@ -1,0 +1,194 @@
+"""A shared source+target BPE vocabulary (§5.1) as a `transformers` fast tokenizer.
+
+The paper encodes WMT 2014 English-German with byte-pair encoding into "a shared source-target vocabulary
+of about 37000 tokens" (§5.1); sharing is what lets one matrix serve as source embedding, target embedding
+and pre-softmax projection (§3.4). Here one `tokenizers` BPE model is trained on the source and target
+sides together.
+
+Choices, and why:
+
+- **Byte-level BPE** (`ByteLevel` pre-tokenizer and decoder, GPT-2 style, all 256 bytes in the initial
+  alphabet): any UTF-8 text encodes without `<unk>` — German umlauts and ß, unseen scripts in test sets —
+  and decodes back exactly: `decode(encode(x), skip_special_tokens=True) == x`, repeated spaces included.
+  `add_prefix_space=False` keeps that exact (a prefix space would come back on decoding), at the cost of a
+  sentence-initial word getting other tokens than the same word after a space. No normalizer, for the
+  same reason (NFKC would change text). `clean_up_tokenization_spaces=False`, or "a ." would decode as "a.".
+- **Special tokens** `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3, matching the config defaults
+  (pad 0, bos 1, eos 2; `decoder_start_token_id` = bos). `<unk>` exists for completeness; byte-level BPE
+  never produces it.
+- **`</s>` is appended** to every encoded sequence, source and target alike, by a `TemplateProcessing`
+  post-processor — as Marian does. Labels therefore end in `</s>`, and the model's shift-right puts
+  `<s>` in front of the decoder input.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import datasets
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PretrainedConfig, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3 in this order
+_MIN_VOCAB = len(SPECIAL_TOKENS) + 256  # specials + the byte alphabet
+
+
+@dataclass
+class TokenizerArguments:
+    """How to train the shared BPE tokenizer (§5.1)."""
+
+    output_dir: str = field(metadata={"help": "Where to save the tokenizer (save_pretrained format)."})
+    vocab_size: int = field(
+        default=37000,
+        metadata={
+            "help": "Shared source+target vocabulary size, special tokens included (paper §5.1: ~37000)."
+        },
+    )
+    min_frequency: int = field(default=2, metadata={"help": "Minimum count of a pair to be merged."})
+    split: str = field(default="train", metadata={"help": "Which split to train the tokenizer on."})
+
+
+def _wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        clean_up_tokenization_spaces=False,
+        model_input_names=["input_ids", "attention_mask"],
+        padding_side="right",
+    )
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str] | Iterable[list[str]],
+    vocab_size: int = 37000,
+    min_frequency: int = 2,
+    length: int | None = None,
+    show_progress: bool = False,
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on `texts` (strings or batches of strings) and wrap it for `transformers`.
+
+    `vocab_size` counts everything (4 special tokens + 256 bytes + merges); the result can be smaller when
+    the text has too few distinct pairs (see `len(tokenizer)`). `length` (the number of items in `texts`)
+    only drives the progress bar.
+    """
+    if vocab_size < _MIN_VOCAB:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: byte-level BPE needs {len(SPECIAL_TOKENS)} special tokens "
+            f"+ 256 bytes = {_MIN_VOCAB} ids before the first merge. Use vocab_size >= {_MIN_VOCAB}."
+        )
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=show_progress,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer, length=length)
+    for expected_id, token in enumerate(SPECIAL_TOKENS):
+        if tokenizer.token_to_id(token) != expected_id:  # a tokenizers change would break the config contract
+            raise RuntimeError(f"{token} got id {tokenizer.token_to_id(token)}, expected {expected_id}.")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, SPECIAL_TOKENS.index(EOS))]
+    )
+    logger.info(
+        "Trained a byte-level BPE with %d tokens (asked for %d).", tokenizer.get_vocab_size(), vocab_size
+    )
+    return _wrap(tokenizer)
+
+
+def iter_translation_texts(
+    dataset: datasets.Dataset, source_lang: str, target_lang: str, batch_size: int = 1000
+) -> Iterator[list[str]]:
+    """Batches of sentences from a dataset's `translation` column: each batch's source then target side."""
+    if "translation" not in dataset.column_names:
+        raise ValueError(f"Expected a `translation` column, got columns {dataset.column_names}.")
+    for batch in dataset.select_columns(["translation"]).iter(batch_size=batch_size):
+        pairs = batch["translation"]
+        yield [pair[source_lang] for pair in pairs] + [pair[target_lang] for pair in pairs]
+
+
+def train_tokenizer_from_dataset(
+    data: datasets.DatasetDict | datasets.Dataset,
+    source_lang: str,
+    target_lang: str,
+    vocab_size: int = 37000,
+    min_frequency: int = 2,
+    split: str = "train",
+) -> PreTrainedTokenizerFast:
+    """Train the shared BPE on both sides of `data[split]` (or of `data` if it is one `Dataset`)."""
+    if isinstance(data, datasets.DatasetDict):
+        if split not in data:
+            raise ValueError(f"No split {split!r} to train the tokenizer on; the data has {list(data)}.")
+        data = data[split]
+    batch_size = 1000
+    return train_bpe_tokenizer(
+        iter_translation_texts(data, source_lang, target_lang, batch_size),
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        length=-(-len(data) // batch_size),
+    )
+
+
+def check_tokenizer_matches_config(tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig) -> None:
+    """Raise `ValueError` if the tokenizer's special-token ids or size disagree with the model config.
+
+    A mismatch trains silently and goes wrong later: a pad id that is not masked, generation that never
+    stops at `</s>`, or an index error in the embedding for ids >= `config.vocab_size`.
+    """
+    problems = []
+    for name in ("pad", "bos", "eos"):
+        tok_id, cfg_id = getattr(tokenizer, f"{name}_token_id"), getattr(config, f"{name}_token_id", None)
+        if tok_id != cfg_id:
+            problems.append(
+                f"{name}_token_id: tokenizer has {tok_id}, config has {cfg_id} "
+                f"(set {name}_token_id={tok_id} in the config)"
+            )
+    if len(tokenizer) > config.vocab_size:
+        problems.append(
+            f"vocab size: the tokenizer has {len(tokenizer)} tokens but config.vocab_size is {config.vocab_size}, "
+            f"so ids >= {config.vocab_size} have no embedding (set vocab_size={len(tokenizer)} in the config, "
+            "or train a smaller tokenizer)"
+        )
+    if problems:
+        raise ValueError("Tokenizer and model config disagree: " + "; ".join(problems) + ".")
+
+
+def tokenize_translations(
+    data: datasets.DatasetDict | datasets.Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    source_lang: str,
+    target_lang: str,
+    max_source_length: int | None = None,
+    max_target_length: int | None = None,
+    num_proc: int | None = None,
+    **map_kwargs: Any,
+) -> datasets.DatasetDict | datasets.Dataset:
+    """Map `translation` pairs to `input_ids`, `attention_mask` and `labels` (each ending in `</s>`).
+
+    Truncation to `max_*_length` keeps the final `</s>`. Nothing is padded here: padding happens per batch
+    in `DataCollatorForSeq2Seq`, which pads labels with -100.
+    """
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        sources = [pair[source_lang] for pair in batch["translation"]]
+        targets = [pair[target_lang] for pair in batch["translation"]]
+        encoded = tokenizer(sources, max_length=max_source_length, truncation=max_source_length is not None)
+        labels = tokenizer(
+            text_target=targets, max_length=max_target_length, truncation=max_target_length is not None
+        )
+        encoded["labels"] = labels["input_ids"]
+        return dict(encoded)
+
+    return data.map(encode, batched=True, remove_columns=["translation"], num_proc=num_proc, **map_kwargs)
