@@ -24,6 +24,8 @@ from typing import Any
 from transformers import PretrainedConfig
 
 _ACTIVATIONS = ("relu", "gelu", "gelu_new", "swish", "silu")
+_POSITION_ENCODING_LAYOUTS = ("interleaved", "halves")
+_POSITION_ENCODING_TIMESCALES = ("paper", "tensor2tensor")
 
 #: Named presets from Table 3 of the paper. ``base`` is also the default of the config class.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -81,6 +83,25 @@ class VanillaTransformerConfig(PretrainedConfig):
         pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id: special token ids;
             they must lie inside the vocabulary.
         use_cache: return the key/value cache for incremental decoding.
+
+    Options for imported checkpoints (OPUS-MT/Marian, fairseq/FSMT; see ``hf_vanilla.convert``). Each
+    is off by default, so the defaults stay the paper's model; each is a documented deviation:
+
+        position_encoding_layout: ``"interleaved"`` (§3.5: sine on even, cosine on odd dimensions)
+            or ``"halves"`` (sines in the first D/2 dimensions, cosines in the last D/2, as
+            tensor2tensor, fairseq and Marian lay them out).
+        position_encoding_timescales: ``"paper"`` (frequency ω_i = 10000^(-2i/d_model), §3.5) or
+            ``"tensor2tensor"`` (ω_i = 10000^(-i/(d_model/2 - 1)), used by tensor2tensor and fairseq).
+        position_offset: the position of the first token; 0 in the paper and Marian, ``pad_token_id
+            + 1`` in fairseq (whose positions of right-padded inputs then coincide with these).
+        final_logits_bias: add a (non-trained) bias buffer ``final_logits_bias`` of shape (1, V) to the
+            logits, as Marian does; absent when off, so the paper's state dict is unchanged.
+        share_encoder_decoder_embeddings: one vocabulary and embedding matrix for source and target
+            (§3.4). ``False`` gives the decoder its own embedding (``decoder.embed_tokens``), as
+            fairseq models with separate dictionaries have; a tied pre-softmax projection then shares
+            the decoder embedding.
+        decoder_vocab_size: the target vocabulary size when the embeddings are not shared (``None``:
+            the same as ``vocab_size``). ``vocab_size`` is then the source vocabulary size.
     """
 
     model_type = "vanilla_transformer"
@@ -117,6 +138,12 @@ class VanillaTransformerConfig(PretrainedConfig):
         decoder_start_token_id: int | None = None,
         use_cache: bool = True,
         is_encoder_decoder: bool = True,
+        position_encoding_layout: str = "interleaved",
+        position_encoding_timescales: str = "paper",
+        position_offset: int = 0,
+        final_logits_bias: bool = False,
+        share_encoder_decoder_embeddings: bool = True,
+        decoder_vocab_size: int | None = None,
         **kwargs: Any,
     ) -> None:
         self.vocab_size = vocab_size
@@ -137,6 +164,14 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.label_smoothing = label_smoothing
         self.init_std = init_std
         self.use_cache = use_cache
+        self.position_encoding_layout = position_encoding_layout
+        self.position_encoding_timescales = position_encoding_timescales
+        self.position_offset = position_offset
+        self.final_logits_bias = final_logits_bias
+        self.share_encoder_decoder_embeddings = share_encoder_decoder_embeddings
+        # One shared vocabulary has one size: keep it in `vocab_size` only (resizing updates that field).
+        same_vocab = share_encoder_decoder_embeddings and decoder_vocab_size == vocab_size
+        self.decoder_vocab_size = None if same_vocab else decoder_vocab_size
         # The paper starts decoding from a beginning-of-sentence symbol; default to bos.
         if decoder_start_token_id is None:
             decoder_start_token_id = bos_token_id
@@ -157,6 +192,11 @@ class VanillaTransformerConfig(PretrainedConfig):
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}: choose one of {sorted(PRESETS)}.")
         return cls(**{**PRESETS[name], **overrides})
+
+    @property
+    def target_vocab_size(self) -> int:
+        """Size of the target vocabulary: the decoder embedding and the pre-softmax projection."""
+        return self.vocab_size if self.decoder_vocab_size is None else self.decoder_vocab_size
 
     def validate_architecture(self) -> None:
         """Raise a ``ValueError`` naming the field and the fix for any invalid setting."""
@@ -198,14 +238,50 @@ class VanillaTransformerConfig(PretrainedConfig):
             )
         if self.init_std is not None and not (isinstance(self.init_std, (int, float)) and self.init_std > 0):
             raise ValueError(f"`init_std` must be a positive number or None, got {self.init_std!r}.")
+        self._validate_checkpoint_options()
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(self, name, None)
             if value is None:
                 continue
+            # Padding occurs on both sides; the other special tokens are target (decoder) tokens.
+            limit = (
+                min(self.vocab_size, self.target_vocab_size)
+                if name == "pad_token_id"
+                else self.target_vocab_size
+            )
             ids = value if isinstance(value, (list, tuple)) else [value]
             for token_id in ids:
-                if not isinstance(token_id, int) or not 0 <= token_id < self.vocab_size:
+                if not isinstance(token_id, int) or not 0 <= token_id < limit:
                     raise ValueError(
-                        f"`{name}` = {value!r} lies outside the vocabulary [0, {self.vocab_size}): set it to an "
+                        f"`{name}` = {value!r} lies outside the vocabulary [0, {limit}): set it to an "
                         "id of your tokenizer's special token, or raise `vocab_size`."
                     )
+
+    def _validate_checkpoint_options(self) -> None:
+        """Check the options that exist for imported checkpoints (see the class docstring)."""
+        if self.position_encoding_layout not in _POSITION_ENCODING_LAYOUTS:
+            raise ValueError(
+                f"Unknown `position_encoding_layout` {self.position_encoding_layout!r}: choose one of "
+                f"{_POSITION_ENCODING_LAYOUTS} (the paper's is 'interleaved')."
+            )
+        if self.position_encoding_timescales not in _POSITION_ENCODING_TIMESCALES:
+            raise ValueError(
+                f"Unknown `position_encoding_timescales` {self.position_encoding_timescales!r}: choose one of "
+                f"{_POSITION_ENCODING_TIMESCALES} (the paper's is 'paper')."
+            )
+        if self.position_encoding_timescales == "tensor2tensor" and self.d_model < 4:
+            raise ValueError("`position_encoding_timescales='tensor2tensor'` needs `d_model` >= 4.")
+        offset = self.position_offset
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(
+                f"`position_offset` must be a non-negative integer (0 in the paper), got {offset!r}."
+            )
+        size = self.decoder_vocab_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+            raise ValueError(f"`decoder_vocab_size` must be a positive integer or None, got {size!r}.")
+        if size is not None and self.share_encoder_decoder_embeddings:
+            raise ValueError(
+                f"`decoder_vocab_size` ({size}) differs from `vocab_size` ({self.vocab_size}), but one shared "
+                "embedding (`share_encoder_decoder_embeddings=True`, §3.4) needs one vocabulary: set "
+                "`share_encoder_decoder_embeddings=False` for separate source and target vocabularies."
+            )

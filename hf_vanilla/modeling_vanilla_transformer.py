@@ -22,6 +22,13 @@ Deviations from the paper (each a deliberate, documented choice):
 5. Padding: the paper does not discuss it. Keys that are padding are masked in every attention; a
    query row whose keys are all padding attends uniformly instead (its output is never used), so
    fully padded rows stay finite in every precision.
+6. Options, all off by default, that let trained OPUS-MT (Marian) and fairseq (FSMT) checkpoints
+   run unchanged (``hf_vanilla.convert``): sin/cos in two halves instead of interleaved
+   (``position_encoding_layout``), tensor2tensor's frequencies (``position_encoding_timescales``),
+   positions starting at ``position_offset``, a fixed bias on the logits (``final_logits_bias``),
+   separate source and target vocabularies (``share_encoder_decoder_embeddings``,
+   ``decoder_vocab_size``); together with the existing ``activation_function`` (swish/GELU),
+   ``scale_embedding`` (no √d_model), ``attention_bias`` and ``tie_word_embeddings``.
 
 Shape notation: B batch, S source length, T target length (new tokens in this call), P cached
 target length, D = d_model, H heads, Dh = D / H per-head width, F = d_ff, V vocabulary size.
@@ -68,19 +75,30 @@ MAX_LENGTH_OFFSET = 50
 # §3.5 Positional encoding
 # --------------------------------------------------------------------------------------------------
 def sinusoidal_position_encoding(
-    positions: torch.Tensor, d_model: int, dtype: torch.dtype = torch.float32
+    positions: torch.Tensor,
+    d_model: int,
+    dtype: torch.dtype = torch.float32,
+    layout: str = "interleaved",
+    timescales: str = "paper",
 ) -> torch.Tensor:
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
     Args:
         positions: (..., L) integer positions.
+        layout: ``"interleaved"`` (the paper) or ``"halves"``: sines in dimensions [0, D/2), cosines
+            in [D/2, D) (deviation 6, for imported checkpoints).
+        timescales: ``"paper"`` or ``"tensor2tensor"``: 10000^(-i/(D/2 - 1)) instead of 10000^(-2i/D)
+            as the i-th frequency (deviation 6).
     Returns:
-        (..., L, D) encodings, sine on even and cosine on odd dimensions (the paper's layout),
-        computed in float32 and cast to ``dtype``.
+        (..., L, D) encodings, by default sine on even and cosine on odd dimensions (the paper's
+        layout), computed in float32 and cast to ``dtype``.
     """
-    two_i = torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32)  # (D/2,)
-    inv_freq = torch.exp(two_i * (-math.log(10000.0) / d_model))  # 10000^(-2i/D)
+    i = torch.arange(d_model // 2, device=positions.device, dtype=torch.float32)  # (D/2,)
+    denominator = d_model / 2 if timescales == "paper" else d_model / 2 - 1
+    inv_freq = torch.exp(i * (-math.log(10000.0) / denominator))  # 10000^(-2i/D) in the paper
     angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # (..., L, D/2)
+    if layout == "halves":
+        return torch.cat((angles.sin(), angles.cos()), dim=-1).to(dtype)  # (..., L, D)
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)  # (..., L, D)
 
 
@@ -92,13 +110,30 @@ class VanillaTransformerPositionalEncoding(nn.Module):
     ``max_position_embeddings`` are encoded with the same closed form.
     """
 
-    def __init__(self, d_model: int) -> None:
+    def __init__(
+        self, d_model: int, layout: str = "interleaved", timescales: str = "paper", offset: int = 0
+    ) -> None:
         super().__init__()
         self.d_model = d_model
+        self.layout = layout  # deviation 6 options (imported checkpoints)
+        self.timescales = timescales
+        self.offset = offset  # the position of the first token: 0 in the paper
+
+    @classmethod
+    def from_config(cls, config: VanillaTransformerConfig) -> VanillaTransformerPositionalEncoding:
+        return cls(
+            config.d_model,
+            layout=config.position_encoding_layout,
+            timescales=config.position_encoding_timescales,
+            offset=config.position_offset,
+        )
 
     def forward(self, seq_len: int, past_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        positions = torch.arange(past_len, past_len + seq_len, device=device)  # (L,)
-        return sinusoidal_position_encoding(positions, self.d_model, dtype)  # (L, D)
+        start = past_len + self.offset
+        positions = torch.arange(start, start + seq_len, device=device)  # (L,)
+        return sinusoidal_position_encoding(
+            positions, self.d_model, dtype, self.layout, self.timescales
+        )  # (L, D)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -395,6 +430,8 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        if isinstance(getattr(module, "final_logits_bias", None), torch.Tensor):
+            init.zeros_(module.final_logits_bias)  # deviation 6 (Marian's bias), zero unless loaded
 
 
 # --------------------------------------------------------------------------------------------------
@@ -424,7 +461,7 @@ class VanillaTransformerEncoder(nn.Module):
         self.config = config
         self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_positions = VanillaTransformerPositionalEncoding(config.d_model)
+        self.embed_positions = VanillaTransformerPositionalEncoding.from_config(config)
         self.layers = nn.ModuleList(
             [VanillaTransformerEncoderLayer(config) for _ in range(config.encoder_layers)]
         )
@@ -476,7 +513,7 @@ class VanillaTransformerDecoder(nn.Module):
         self.config = config
         self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_positions = VanillaTransformerPositionalEncoding(config.d_model)
+        self.embed_positions = VanillaTransformerPositionalEncoding.from_config(config)
         self.layers = nn.ModuleList(
             [VanillaTransformerDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)]
         )
@@ -569,7 +606,8 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 # --------------------------------------------------------------------------------------------------
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     """The encoder-decoder of Figure 1 without the output projection; one embedding matrix
-    (``shared``) serves source and target (§3.4)."""
+    (``shared``) serves source and target (§3.4). With ``share_encoder_decoder_embeddings=False``
+    (deviation 6) ``shared`` is the source embedding and the decoder has its own."""
 
     _tied_weights_keys = {
         "encoder.embed_tokens.weight": "shared.weight",
@@ -579,8 +617,14 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     def __init__(self, config: VanillaTransformerConfig) -> None:
         super().__init__(config)
         self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+        target_embeddings = self.shared
+        if not config.share_encoder_decoder_embeddings:
+            target_embeddings = nn.Embedding(
+                config.target_vocab_size, config.d_model, padding_idx=config.pad_token_id
+            )
+            self._tied_weights_keys = {"encoder.embed_tokens.weight": "shared.weight"}
         self.encoder = VanillaTransformerEncoder(config, self.shared)
-        self.decoder = VanillaTransformerDecoder(config, self.shared)
+        self.decoder = VanillaTransformerDecoder(config, target_embeddings)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -589,7 +633,8 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.shared = value
         self.encoder.embed_tokens = value
-        self.decoder.embed_tokens = value
+        if self.config.share_encoder_decoder_embeddings:
+            self.decoder.embed_tokens = value
 
     def get_encoder(self, modality: str | None = None) -> VanillaTransformerEncoder:
         return self.encoder
@@ -696,7 +741,11 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def __init__(self, config: VanillaTransformerConfig) -> None:
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.target_vocab_size, bias=False)
+        if not config.share_encoder_decoder_embeddings:  # deviation 6: tie to the target embedding
+            self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+        if config.final_logits_bias:  # deviation 6 (Marian): a fixed bias on the logits
+            self.register_buffer("final_logits_bias", torch.zeros(1, config.target_vocab_size))
         self.post_init()
         # §6.1: beam size 4, length penalty α = 0.6, stop when no better hypothesis can appear.
         self.generation_config.num_beams = 4
@@ -769,6 +818,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             output_hidden_states=output_hidden_states,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        if self.config.final_logits_bias:
+            logits = logits + self.final_logits_bias
         loss = None
         if labels is not None:
             loss = self.loss_function_seq2seq(logits, labels, num_items_in_batch)
