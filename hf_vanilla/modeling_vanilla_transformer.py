@@ -43,6 +43,7 @@ Mask semantics (all masks are built in :func:`build_attention_mask`):
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 import torch
@@ -413,6 +414,20 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flash_attn = False
     _supports_flex_attn = False
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: object, **kwargs: object) -> None:
+        """``PreTrainedModel.save_pretrained``; after ``register_for_auto_class`` the saved
+        ``auto_map`` names the config and *both* model classes (AutoConfig, AutoModel,
+        AutoModelForSeq2SeqLM), which live in this one self-contained file."""
+        if self._auto_class is not None:
+            module = type(self).__module__.rsplit(".", 1)[-1]
+            self.config.register_for_auto_class()
+            self.config.auto_map = {
+                **(getattr(self.config, "auto_map", None) or {}),
+                "AutoModel": f"{module}.VanillaTransformerModel",
+                "AutoModelForSeq2SeqLM": f"{module}.VanillaTransformerForConditionalGeneration",
+            }
+        super().save_pretrained(save_directory, *args, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
         """Deviation 1: N(0, d_model^-0.5) embeddings (and untied output projection), Xavier-uniform
