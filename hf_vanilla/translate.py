@@ -1,0 +1,322 @@
+"""Batched translation with the paper's decoding settings (Vaswani et al., 2017, §6.1).
+
+§6.1: "We used beam search with a beam size of 4 and length penalty α = 0.6 [...]. We set the maximum
+output length during inference to input length + 50, but terminate early when possible."
+
+* **Beam size 4**: ``num_beams=4``.
+* **Maximum output length = input length + 50**, per sentence: this is the default of
+  ``VanillaTransformerForConditionalGeneration.generate()`` when no ``max_length``/``max_new_tokens``
+  is given, so none is passed here. "Input length" counts the unpadded source tokens (subwords, with
+  any special token the tokenizer appends); the bound counts generated tokens including ``</s>``.
+* **Length penalty α = 0.6**. The paper's α refers to the GNMT penalty (Wu et al., 2016, Eq. 14)
+  lp(Y) = ((5 + |Y|) / 6)^α, score(Y) = log P(Y | X) / lp(Y). Hugging Face beam search has one fixed
+  formula, score(Y) = log P(Y | X) / |Y|^α, applied inside the search when a hypothesis finishes. Two
+  choices are offered (``length_penalty_type``):
+
+  - ``"hf"`` (default): HF's |Y|^α inside the search. Exact beam search, not the paper's formula.
+  - ``"gnmt"``: the paper's formula as **n-best rescoring**. The search runs with HF's |Y|^α; all
+    ``num_beams`` finished hypotheses are returned, their summed log-probabilities are recovered
+    (``sequences_scores × |Y|^α``, HF's own definition), divided by ((5 + |Y|) / 6)^α, and the best
+    one is kept. It re-ranks the final beam; it does not change which hypotheses the search pruned.
+
+  |Y| counts generated tokens including end-of-sentence (not the decoder start token) in both, as
+  HF and tensor2tensor do.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+logger = logging.getLogger(__name__)
+
+LENGTH_PENALTY_TYPES = ("hf", "gnmt")
+
+__all__ = [
+    "LENGTH_PENALTY_TYPES",
+    "DecodingOptions",
+    "ModelArguments",
+    "generate_ids",
+    "gnmt_length_penalty",
+    "load_model_and_tokenizer",
+    "nbest_log_probs",
+    "paper_generation_kwargs",
+    "resolve_device",
+    "translate",
+    "translate_stream",
+]
+
+
+@dataclass
+class DecodingOptions:
+    """Decoding settings; the defaults are the paper's (§6.1)."""
+
+    num_beams: int = field(default=4, metadata={"help": "Beam size (§6.1: 4)."})
+    length_penalty: float = field(default=0.6, metadata={"help": "Length penalty α (§6.1: 0.6)."})
+    length_penalty_type: Literal["hf", "gnmt"] = field(
+        default="hf",
+        metadata={
+            "help": "'hf': log P / |Y|^α inside HF beam search. 'gnmt': the paper's log P / ((5+|Y|)/6)^α "
+            "(Wu et al., 2016), applied by rescoring the final num_beams-best list."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.length_penalty_type not in LENGTH_PENALTY_TYPES:
+            raise ValueError(
+                f"`length_penalty_type` must be one of {LENGTH_PENALTY_TYPES}, got {self.length_penalty_type!r}: "
+                "'hf' = log P / |Y|^α inside beam search, 'gnmt' = log P / ((5 + |Y|) / 6)^α as n-best rescoring."
+            )
+        if not isinstance(self.num_beams, int) or self.num_beams < 1:
+            raise ValueError(f"`num_beams` must be a positive integer, got {self.num_beams!r}.")
+        if self.length_penalty_type == "gnmt" and self.num_beams < 2:
+            raise ValueError("GNMT length-penalty rescoring needs an n-best list: use num_beams >= 2.")
+
+    def describe(self) -> str:
+        """One line naming the decoding settings, for logs, result files and the model card."""
+        if self.length_penalty_type == "gnmt":
+            penalty = (
+                f"GNMT length penalty ((5+|Y|)/6)^{self.length_penalty} applied by rescoring the "
+                f"{self.num_beams}-best list of a search run with HF's |Y|^{self.length_penalty}"
+            )
+        else:
+            penalty = f"HF length penalty |Y|^{self.length_penalty} inside beam search"
+        return f"beam {self.num_beams}, {penalty}, max output length = input length + 50"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "description": self.describe()}
+
+
+def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor | float:
+    """lp(Y) = ((5 + |Y|) / 6)^α (Wu et al., 2016, Eq. 14), the penalty the paper's α = 0.6 refers to."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def paper_generation_kwargs(options: DecodingOptions | None = None) -> dict[str, Any]:
+    """``generate()`` keyword arguments for §6.1 decoding (beam size and α; the length bound is the
+    model's default)."""
+    options = options or DecodingOptions()
+    return {"num_beams": options.num_beams, "length_penalty": options.length_penalty}
+
+
+def _eos_id(model: Any) -> int:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = model.config.eos_token_id
+    if isinstance(eos, (list, tuple)):
+        if len(eos) != 1:
+            raise ValueError(f"Expected one end-of-sentence id, the generation config has {eos}.")
+        eos = eos[0]
+    if eos is None:
+        raise ValueError("The model has no eos_token_id: set it in the config or the generation config.")
+    return int(eos)
+
+
+def nbest_log_probs(outputs: Any, length_penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probabilities log P(Y | X) and lengths |Y| of beam-search hypotheses.
+
+    ``outputs`` is a ``generate(..., output_scores=True, return_dict_in_generate=True)`` beam result.
+    HF defines ``sequences_scores = Σ log p / |Y|^length_penalty`` with |Y| the generated tokens
+    including ``</s>`` (``transformers.generation.utils``, ``_update_finished_beams``); |Y| is read
+    from ``beam_indices``, which is -1 after a hypothesis ended.
+    """
+    if getattr(outputs, "beam_indices", None) is None or getattr(outputs, "sequences_scores", None) is None:
+        raise ValueError(
+            "Need a beam-search result with scores: call generate(num_beams>1, output_scores=True, "
+            "return_dict_in_generate=True)."
+        )
+    lengths = (outputs.beam_indices >= 0).sum(dim=1).clamp(min=1).to(outputs.sequences_scores.dtype)
+    return outputs.sequences_scores * lengths**length_penalty, lengths
+
+
+@torch.inference_mode()
+def generate_ids(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    options: DecodingOptions | None = None,
+    **generate_kwargs: Any,
+) -> list[list[int]]:
+    """Decode one padded batch; return the chosen output ids per sentence (decoder start, ``</s>`` and
+    padding removed). ``generate_kwargs`` go to ``model.generate``.
+
+    See the module docstring for the length bound and the two length penalties.
+    """
+    options = options or DecodingOptions()
+    eos_id = _eos_id(model)
+    kwargs = {**paper_generation_kwargs(options), **generate_kwargs}
+    batch_size = input_ids.shape[0]
+    if options.length_penalty_type == "gnmt":
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            num_return_sequences=options.num_beams,
+            output_scores=True,
+            return_dict_in_generate=True,
+            **kwargs,
+        )
+        log_probs, lengths = nbest_log_probs(out, options.length_penalty)
+        rescored = log_probs / gnmt_length_penalty(lengths, options.length_penalty)
+        best = rescored.view(batch_size, options.num_beams).argmax(dim=1)
+        rows = torch.arange(batch_size, device=best.device) * options.num_beams + best
+        sequences = out.sequences[rows]
+    else:
+        sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    return [_strip(row.tolist(), model, eos_id) for row in sequences]
+
+
+def _strip(ids: list[int], model: Any, eos_id: int) -> list[int]:
+    """Drop the decoder start token, and everything from end-of-sentence on (padding included)."""
+    if ids and ids[0] == model.config.decoder_start_token_id:
+        ids = ids[1:]
+    if eos_id in ids:
+        ids = ids[: ids.index(eos_id)]
+    return ids
+
+
+@dataclass
+class ModelArguments:
+    """Which model to run and where."""
+
+    model_name_or_path: str = field(
+        metadata={"help": "A saved model folder (e.g. a Trainer output_dir or checkpoint) or a Hub id."}
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder or Hub id; default: the model folder."}
+    )
+    device: str = field(
+        default="auto", metadata={"help": "'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ..."}
+    )
+    batch_size: int = field(default=64, metadata={"help": "Sentences per batch (sorted by length)."})
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow code shipped with a Hub model (not needed with hf_vanilla installed)."},
+    )
+
+
+def load_model_and_tokenizer(args: ModelArguments, attn_implementation: str | None = None) -> tuple[Any, Any]:
+    """Load the seq2seq model and tokenizer (importing hf_vanilla has registered its Auto classes)."""
+    kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(
+        args.tokenizer_name_or_path or args.model_name_or_path, trust_remote_code=args.trust_remote_code
+    )
+    model.to(resolve_device(args.device)).eval()
+    return model, tokenizer
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None`` or ``"auto"`` → CUDA if available, else CPU; otherwise the named device."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("`device` is 'cuda' but no CUDA GPU is visible: use --device cpu.")
+    return device
+
+
+def translate(
+    model: Any,
+    tokenizer: Any,
+    sentences: Sequence[str],
+    options: DecodingOptions | None = None,
+    batch_size: int = 64,
+    device: str | torch.device | None = None,
+    generate_kwargs: dict[str, Any] | None = None,
+) -> list[str]:
+    """Translate ``sentences`` in batches and return the translations in input order.
+
+    Sentences are sorted by token length so each batch holds similar lengths (less padding), then the
+    original order is restored. Empty or blank lines are not sent to the model and give empty lines.
+    The model is moved to ``device`` (default: CUDA if available) and put in eval mode.
+    ``generate_kwargs`` go to ``model.generate`` (e.g. ``max_new_tokens``, which replaces the
+    per-sentence input length + 50 bound).
+    """
+    if batch_size < 1:
+        raise ValueError(f"`batch_size` must be a positive integer, got {batch_size}.")
+    if tokenizer.pad_token_id is None:
+        raise ValueError(
+            "The tokenizer has no pad token: set tokenizer.pad_token (e.g. '<pad>') before translating."
+        )
+    options = options or DecodingOptions()
+    device = resolve_device(device)
+    model.to(device)
+    model.eval()
+
+    results = [""] * len(sentences)
+    todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+    if len(todo) < len(sentences):
+        logger.info("%d blank input line(s) give blank output lines", len(sentences) - len(todo))
+    lengths = {
+        i: len(ids) for i, ids in zip(todo, tokenizer([sentences[i] for i in todo])["input_ids"], strict=True)
+    }
+    order = sorted(todo, key=lambda i: lengths[i], reverse=True)
+    for start in range(0, len(order), batch_size):
+        indices = order[start : start + batch_size]
+        batch = tokenizer([sentences[i] for i in indices], padding=True, return_tensors="pt").to(device)
+        outputs = generate_ids(
+            model, batch["input_ids"], batch["attention_mask"], options, **(generate_kwargs or {})
+        )
+        texts = tokenizer.batch_decode(outputs, skip_special_tokens=True)
+        for i, text in zip(indices, texts, strict=True):
+            results[i] = text.strip()
+        logger.debug("translated %d/%d sentences", min(start + batch_size, len(order)), len(order))
+    return results
+
+
+def _lines(stream: TextIO) -> Iterator[str]:
+    for line in stream:
+        yield line.rstrip("\n").rstrip("\r")
+
+
+def translate_stream(
+    model: Any,
+    tokenizer: Any,
+    source: str | Path | None,
+    output: str | Path | None,
+    options: DecodingOptions | None = None,
+    batch_size: int = 64,
+    device: str | torch.device | None = None,
+    chunk_lines: int = 10_000,
+    generate_kwargs: dict[str, Any] | None = None,
+) -> int:
+    """Translate a file (or stdin when ``source`` is None or ``"-"``) line by line to a file (or stdout).
+
+    Input is read in chunks of ``chunk_lines`` lines, so long files do not need to fit in memory and
+    output appears as each chunk finishes. Returns the number of lines translated.
+    """
+    in_stream: TextIO = sys.stdin if source in (None, "-") else open(source, encoding="utf-8")  # noqa: SIM115
+    out_stream: TextIO = sys.stdout if output in (None, "-") else open(output, "w", encoding="utf-8")  # noqa: SIM115
+    count = 0
+    try:
+        for chunk in _chunks(_lines(in_stream), chunk_lines):
+            for line in translate(model, tokenizer, chunk, options, batch_size, device, generate_kwargs):
+                out_stream.write(line + "\n")
+            out_stream.flush()
+            count += len(chunk)
+    finally:
+        if in_stream is not sys.stdin:
+            in_stream.close()
+        if out_stream is not sys.stdout:
+            out_stream.close()
+    return count
+
+
+def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
