@@ -14,6 +14,10 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_vanilla import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
+# Tiny models run fastest on one thread; several threads only add synchronisation (and contend
+# with each other on a shared 2-core machine).
+torch.set_num_threads(1)
+
 TINY = {
     "vocab_size": 100,
     "d_model": 32,
