@@ -1,0 +1,341 @@
+"""Pictures of a trained model: cross-attention maps, the positional encoding, training curves.
+
+All figures are drawn with matplotlib's object-oriented API on an Agg canvas (no pyplot, no global
+backend switch, no display needed) and saved as PNG files:
+
+* :func:`plot_cross_attention` — encoder-decoder attention (§3.2.3) of one sentence pair: one
+  heatmap per layer × head plus the mean over heads, source tokens on the x axis, target tokens on
+  the y axis (the style of the paper's Figures 3–5, which show self-attention).
+* :func:`plot_positional_encoding` — the sinusoidal encoding matrix of §3.5, positions × dimensions.
+* :func:`plot_training_curves` — training/validation loss, validation BLEU and the learning rate
+  (§5.3, Eq. 3) from the ``log_history`` of a Trainer's ``trainer_state.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from hf_vanilla.modeling_vanilla_transformer import sinusoidal_position_encoding
+from hf_vanilla.translate import paper_generation_kwargs
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "cross_attention_for_pair",
+    "load_log_history",
+    "plot_attention_grid",
+    "plot_attention_mean",
+    "plot_cross_attention",
+    "plot_positional_encoding",
+    "plot_training_curves",
+]
+
+
+def _save(fig: Figure, path: str | Path, dpi: int) -> Path:
+    """Render ``fig`` on an Agg canvas and write it as a PNG file (creating parent folders)."""
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"Pictures are written as PNG: give a path ending in .png, got {str(path)!r}.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=dpi, format="png")
+    logger.info("Wrote %s", path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Cross-attention (§3.2.3: "queries come from the previous decoder layer, and the memory keys and
+# values come from the output of the encoder")
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_attention(
+    attentions: np.ndarray, source_tokens: Sequence[str], target_tokens: Sequence[str]
+) -> None:
+    if attentions.ndim != 4:
+        raise ValueError(
+            "`attentions` must have shape (layers, heads, target_len, source_len), "
+            f"got an array with shape {attentions.shape}."
+        )
+    _, _, tgt_len, src_len = attentions.shape
+    if (tgt_len, src_len) != (len(target_tokens), len(source_tokens)):
+        raise ValueError(
+            f"`attentions` covers {tgt_len} target × {src_len} source positions but {len(target_tokens)} target "
+            f"and {len(source_tokens)} source tokens were given: pass one label per position."
+        )
+
+
+def _heatmap(ax: Any, weights: np.ndarray, source_tokens: Sequence[str], target_tokens: Sequence[str]) -> Any:
+    image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(len(source_tokens)))
+    ax.set_xticklabels(source_tokens, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(target_tokens)))
+    ax.set_yticklabels(target_tokens, fontsize=7)
+    return image
+
+
+def plot_attention_grid(
+    attentions: np.ndarray,
+    source_tokens: Sequence[str],
+    target_tokens: Sequence[str],
+    path: str | Path,
+    title: str = "Encoder-decoder attention",
+    dpi: int = 100,
+) -> Path:
+    """Draw one heatmap per (layer, head) and a last column with the mean over the heads.
+
+    Args:
+        attentions: weights of shape (layers, heads, target_len, source_len); each row sums to 1.
+        source_tokens: x-axis labels (keys: encoder positions).
+        target_tokens: y-axis labels (queries: decoder positions, labelled by the token predicted there).
+        path: PNG file to write.
+    """
+    attentions = np.asarray(attentions, dtype=np.float32)
+    _check_attention(attentions, source_tokens, target_tokens)
+    n_layers, n_heads, tgt_len, src_len = attentions.shape
+    cell_w = max(2.0, 0.22 * src_len + 0.8)
+    cell_h = max(2.0, 0.22 * tgt_len + 0.8)
+    fig = Figure(figsize=(cell_w * (n_heads + 1), cell_h * n_layers), layout="constrained")
+    axes = fig.subplots(n_layers, n_heads + 1, squeeze=False)
+    image = None
+    for layer in range(n_layers):
+        for head in range(n_heads + 1):
+            ax = axes[layer][head]
+            if head < n_heads:
+                weights, label = attentions[layer, head], f"layer {layer + 1}, head {head + 1}"
+            else:
+                weights, label = attentions[layer].mean(axis=0), f"layer {layer + 1}, mean of heads"
+            image = _heatmap(ax, weights, source_tokens, target_tokens)
+            ax.set_title(label, fontsize=8)
+    fig.suptitle(title)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    return _save(fig, path, dpi)
+
+
+def plot_attention_mean(
+    attentions: np.ndarray,
+    source_tokens: Sequence[str],
+    target_tokens: Sequence[str],
+    path: str | Path,
+    title: str = "Encoder-decoder attention, mean over layers and heads",
+    dpi: int = 100,
+) -> Path:
+    """Draw the attention averaged over all layers and heads as one heatmap (a soft alignment)."""
+    attentions = np.asarray(attentions, dtype=np.float32)
+    _check_attention(attentions, source_tokens, target_tokens)
+    _, _, tgt_len, src_len = attentions.shape
+    fig = Figure(figsize=(max(4.0, 0.35 * src_len + 2), max(3.0, 0.35 * tgt_len + 1.5)), layout="constrained")
+    ax = fig.subplots()
+    image = _heatmap(ax, attentions.mean(axis=(0, 1)), source_tokens, target_tokens)
+    ax.set_xlabel("source")
+    ax.set_ylabel("target")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, label="attention weight")
+    return _save(fig, path, dpi)
+
+
+def cross_attention_for_pair(
+    model: Any,
+    tokenizer: Any,
+    source: str,
+    target: str | None = None,
+    **generate_kwargs: Any,
+) -> tuple[np.ndarray, list[str], list[str]]:
+    """Run the model on one sentence pair and return its cross-attention weights and token labels.
+
+    If ``target`` is None the model's own translation (beam search with the paper's §6.1 settings
+    from :mod:`hf_vanilla.translate`, overridable by ``generate_kwargs``) is used, so the picture
+    shows where the model looked while producing its output.
+
+    Returns:
+        ``(attentions, source_tokens, target_tokens)``; attentions has shape
+        (layers, heads, target_len, source_len). Row *t* is the decoder position that predicts
+        target token *t* (its input is the previous token, starting from the decoder start token).
+    """
+    device = next(model.parameters()).device
+    encoded = tokenizer(source, return_tensors="pt").to(device)
+    start = model.config.decoder_start_token_id
+    if target is None:
+        kwargs = {**paper_generation_kwargs(), **generate_kwargs}
+        with torch.no_grad():
+            generated = model.generate(**encoded, **kwargs)[0]
+        target_ids = generated[1:] if int(generated[0]) == start else generated
+        target_ids = target_ids[target_ids != model.config.pad_token_id]
+    else:
+        target_ids = tokenizer(text_target=target, return_tensors="pt")["input_ids"][0].to(device)
+    decoder_input_ids = torch.cat([torch.tensor([start], device=device), target_ids[:-1]]).unsqueeze(0)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            outputs = model(**encoded, decoder_input_ids=decoder_input_ids, output_attentions=True)
+    finally:
+        model.train(was_training)
+    if not outputs.cross_attentions or outputs.cross_attentions[0] is None:
+        raise RuntimeError(
+            f"{type(model).__name__} returned no cross-attention weights for output_attentions=True; load it "
+            "with attn_implementation='eager' (from_pretrained(..., attn_implementation='eager'))."
+        )
+    attentions = torch.stack([layer[0] for layer in outputs.cross_attentions]).float().cpu().numpy()
+    source_tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
+    target_tokens = tokenizer.convert_ids_to_tokens(target_ids.tolist())
+    return attentions, source_tokens, target_tokens
+
+
+def plot_cross_attention(
+    model: Any,
+    tokenizer: Any,
+    source: str,
+    output_dir: str | Path,
+    target: str | None = None,
+    prefix: str = "cross_attention",
+    dpi: int = 100,
+) -> tuple[Path, Path]:
+    """Write ``<prefix>_grid.png`` (layers × heads) and ``<prefix>_mean.png`` for one sentence.
+
+    See :func:`cross_attention_for_pair` for how the target side is chosen.
+    """
+    attentions, source_tokens, target_tokens = cross_attention_for_pair(model, tokenizer, source, target)
+    output_dir = Path(output_dir)
+    grid = plot_attention_grid(
+        attentions, source_tokens, target_tokens, output_dir / f"{prefix}_grid.png", dpi=dpi
+    )
+    mean = plot_attention_mean(
+        attentions, source_tokens, target_tokens, output_dir / f"{prefix}_mean.png", dpi=dpi
+    )
+    return grid, mean
+
+
+# --------------------------------------------------------------------------------------------------
+# Positional encoding (§3.5)
+# --------------------------------------------------------------------------------------------------
+
+
+def plot_positional_encoding(
+    path: str | Path,
+    num_positions: int = 100,
+    d_model: int = 512,
+    encoding: np.ndarray | None = None,
+    dpi: int = 100,
+) -> Path:
+    """Draw the positional-encoding matrix (positions on the y axis, dimensions on the x axis).
+
+    Args:
+        encoding: a (positions, d_model) matrix to draw; by default the model's own §3.5 encoding
+            (``sinusoidal_position_encoding``: sin on even, cos on odd dimensions) for
+            ``num_positions`` × ``d_model``.
+    """
+    if encoding is None:
+        if num_positions <= 0 or d_model <= 0 or d_model % 2:
+            raise ValueError(
+                f"Need a positive number of positions and a positive even d_model, got {num_positions}, {d_model}."
+            )
+        encoding = sinusoidal_position_encoding(torch.arange(num_positions), d_model).numpy()
+    encoding = np.asarray(encoding, dtype=np.float32)
+    if encoding.ndim != 2:
+        raise ValueError(f"`encoding` must be a (positions, d_model) matrix, got shape {encoding.shape}.")
+    n_pos, dim = encoding.shape
+    fig = Figure(figsize=(10, 5), layout="constrained")
+    ax_map, ax_curves = fig.subplots(1, 2, width_ratios=[3, 2])
+    image = ax_map.imshow(encoding, cmap="RdBu", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
+    ax_map.set_xlabel("dimension i")
+    ax_map.set_ylabel("position pos")
+    ax_map.set_title(f"Sinusoidal positional encoding (§3.5), {n_pos} × {dim}")
+    fig.colorbar(image, ax=ax_map)
+    # even (sine) dimensions at falling frequencies: wavelengths grow geometrically from 2π (§3.5)
+    for column in sorted({0, 2 * (dim // 16), 2 * (dim // 8), 2 * (dim // 4)}):
+        ax_curves.plot(np.arange(n_pos), encoding[:, column], label=f"dimension {column}")
+    ax_curves.set_xlabel("position pos")
+    ax_curves.set_title("A few sine dimensions")
+    ax_curves.legend(fontsize=7)
+    return _save(fig, path, dpi)
+
+
+# --------------------------------------------------------------------------------------------------
+# Training curves from a Trainer output folder
+# --------------------------------------------------------------------------------------------------
+
+
+def load_log_history(run: str | Path) -> list[dict[str, Any]]:
+    """Read ``log_history`` from ``trainer_state.json``.
+
+    ``run`` is the file itself, a Trainer ``output_dir`` (the file at its top level, written at the end of
+    training) or a folder whose newest ``checkpoint-*`` subfolder holds it.
+    """
+    run = Path(run)
+    candidates = [run] if run.is_file() else [run / "trainer_state.json"]
+    if run.is_dir():
+        checkpoints = sorted(
+            (p for p in run.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
+            key=lambda p: int(p.name.split("-")[-1]),
+            reverse=True,
+        )
+        candidates += [c / "trainer_state.json" for c in checkpoints]
+    for candidate in candidates:
+        if candidate.is_file():
+            state = json.loads(candidate.read_text())
+            if "log_history" not in state:
+                raise ValueError(f"{candidate} has no `log_history`: is it a Trainer's trainer_state.json?")
+            return list(state["log_history"])
+    raise FileNotFoundError(
+        f"No trainer_state.json in {run} or its checkpoint-* folders: pass a Trainer output_dir, a checkpoint "
+        "folder or the JSON file itself."
+    )
+
+
+def _series(history: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    rows = [row for row in history if key in row and "step" in row]
+    return [float(row["step"]) for row in rows], [float(row[key]) for row in rows]
+
+
+def plot_training_curves(
+    run: str | Path | Sequence[dict[str, Any]],
+    path: str | Path,
+    bleu_key: str = "eval_bleu",
+    dpi: int = 100,
+) -> Path:
+    """Plot training/validation loss, validation BLEU and the learning rate against the step.
+
+    Args:
+        run: a Trainer output folder / ``trainer_state.json`` (see :func:`load_log_history`) or a
+            ``log_history`` list itself.
+        bleu_key: the logged key holding validation BLEU.
+    """
+    history = load_log_history(run) if isinstance(run, (str, Path)) else list(run)
+    panels = {
+        "loss": [
+            ("training loss", *_series(history, "loss")),
+            ("validation loss", *_series(history, "eval_loss")),
+        ],
+        "validation BLEU": [("BLEU", *_series(history, bleu_key))],
+        "learning rate (§5.3, Eq. 3)": [("learning rate", *_series(history, "learning_rate"))],
+    }
+    if not any(steps for series in panels.values() for _, steps, _ in series):
+        raise ValueError(
+            f"The log history has no 'loss', 'eval_loss', {bleu_key!r} or 'learning_rate' entries with a 'step': "
+            "train with logging enabled (e.g. logging_steps) before plotting."
+        )
+    fig = Figure(figsize=(15, 4), layout="constrained")
+    for ax, (title, series) in zip(fig.subplots(1, 3), panels.items(), strict=True):
+        drawn = False
+        for label, steps, values in series:
+            if steps:
+                ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+                drawn = True
+        if drawn:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel("step")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    return _save(fig, path, dpi)
