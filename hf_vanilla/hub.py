@@ -1,0 +1,497 @@
+"""Write the exact folder that is pushed to the Hugging Face Hub, and push it when asked.
+
+:func:`save_for_hub` writes:
+
+* ``model.safetensors``, ``config.json`` and ``generation_config.json`` (the paper's §6.1 decoding:
+  beam 4, α = 0.6; the input length + 50 bound is the model's ``generate()`` default);
+* the modeling code, copied by ``register_for_auto_class`` (``modeling_vanilla_transformer.py`` and
+  ``configuration_vanilla_transformer.py``), with an ``auto_map`` for ``AutoConfig``, ``AutoModel`` and
+  ``AutoModelForSeq2SeqLM`` so ``from_pretrained(..., trust_remote_code=True)`` works where hf_vanilla
+  is not installed (transformers alone maps only the saved class and ``AutoConfig``; the model's
+  ``save_pretrained`` adds ``AutoModel``, and the folder is checked for all three);
+* the tokenizer files;
+* ``README.md``: the model card rendered from the Jinja template ``model_card.md`` with YAML metadata
+  (languages, license, tags, datasets, metrics and a ``model-index`` with the measured scores) and the
+  data's terms of use.
+
+:func:`push_to_hub` uploads that folder with ``huggingface_hub.HfApi`` (``create_repo`` +
+``upload_folder``). When the Hub cannot be reached (``HF_HUB_OFFLINE=1``, no network, no token) it
+raises :class:`HubPushError`, whose message says that the local folder is kept and how to push it later.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import huggingface_hub
+from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
+from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "KNOWN_DATASETS",
+    "MULTI30K",
+    "DatasetCard",
+    "HubPushError",
+    "PublishArguments",
+    "dataset_card_from_args",
+    "default_template_path",
+    "load_results",
+    "publish",
+    "push_to_hub",
+    "render_model_card",
+    "save_for_hub",
+    "summarize_training",
+]
+
+_LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "cs": "Czech"}
+
+
+@dataclass
+class DatasetCard:
+    """What the model card says about the training/evaluation data."""
+
+    dataset_id: str
+    name: str
+    url: str | None = None
+    terms: str = ""
+    citation: str | None = None
+    #: Hub license of the weights: "other" when the data's terms restrict their use.
+    license: str = "other"
+    license_name: str | None = None
+    license_link: str | None = None
+
+
+#: Multi30k Task 1, as described in /work/shared/data/multi30k/README.md (no LICENSE upstream; the
+#: authors provide it for non-commercial research and education only).
+MULTI30K = DatasetCard(
+    dataset_id="multi30k",
+    name="Multi30k (Task 1)",
+    url="https://github.com/multi30k/dataset",
+    terms=(
+        'Multi30K has no license file. Its authors provide the resources "solely [...] for researchers and '
+        'educators who wish to use the dataset for non-commercial research and/or educational purposes"; '
+        "it is partly derived from Flickr30K, whose images fall under the Flickr Terms of Use (only the text "
+        "was used here). The data is not openly licensed, so these weights inherit the restriction: "
+        "**non-commercial research and education use only**."
+    ),
+    citation=(
+        "@inproceedings{elliott-etal-2016-multi30k,\n"
+        "  title     = {Multi30K: Multilingual English-German Image Descriptions},\n"
+        "  author    = {Elliott, Desmond and Frank, Stella and Sima'an, Khalil and Specia, Lucia},\n"
+        "  booktitle = {Proceedings of the 5th Workshop on Vision and Language},\n"
+        "  pages     = {70--74},\n"
+        "  year      = {2016},\n"
+        "  doi       = {10.18653/v1/W16-3210},\n"
+        "}"
+    ),
+    license="other",
+    license_name="multi30k-non-commercial-research",
+    license_link="https://github.com/multi30k/dataset#use-of-the-data",
+)
+
+
+class HubPushError(RuntimeError):
+    """The upload did not happen; the local folder is kept."""
+
+
+def default_template_path() -> Path:
+    """The Jinja model-card template: ``hf_vanilla/templates/model_card.md`` when the package ships one,
+    else ``model_card.md`` at the root of the source checkout."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "templates" / "model_card.md", package.parent / "model_card.md"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"No model-card template found in {package / 'templates'} or {package.parent}: pass template_path= "
+        "(the repository's model_card.md)."
+    )
+
+
+def render_model_card(
+    config: Any,
+    results: Sequence[dict[str, Any]],
+    decoding: dict[str, Any],
+    source_lang: str,
+    target_lang: str,
+    dataset: DatasetCard = MULTI30K,
+    repo_id: str = "path/to/this/folder",
+    model_name: str | None = None,
+    num_parameters: int | None = None,
+    training_summary: str | None = None,
+    example_source: str = "Ein Mann fährt Fahrrad.",
+    extra_tags: Sequence[str] = (),
+    code_url: str | None = None,
+    template_path: str | Path | None = None,
+) -> ModelCard:
+    """Render the model card (YAML metadata + Markdown) from the Jinja template.
+
+    Args:
+        config: the model config (architecture table).
+        results: one dict per evaluated split, as returned by
+            :func:`hf_vanilla.evaluation.evaluate_translations` plus ``"dataset_name"`` and ``"split"``
+            (e.g. ``{"split": "validation", "bleu": ..., "chrf": ..., "bleu_signature": ...,
+            "chrf_signature": ..., "num_segments": ...}``).
+        decoding: the decoding settings used for the scores (``DecodingOptions.to_dict()``).
+        source_lang / target_lang: ISO 639-1 codes.
+        dataset: the data's name, link, terms and the resulting license of the weights.
+        code_url: where the hf_vanilla code lives (linked from the card when given).
+    """
+    required = ("split", "bleu", "chrf", "bleu_signature", "chrf_signature", "num_segments")
+    for result in results:
+        missing = [key for key in required if key not in result]
+        if missing:
+            raise ValueError(
+                f"A result lacks {missing}: pass the output of evaluate_translations plus 'split'."
+            )
+    model_name = model_name or repo_id.split("/")[-1]
+    eval_results = []
+    for result in results:
+        for metric, name in (("bleu", "BLEU"), ("chrf", "chrF")):
+            eval_results.append(
+                EvalResult(
+                    task_type="translation",
+                    task_name=f"Translation {source_lang}-{target_lang}",
+                    dataset_type=dataset.dataset_id,
+                    dataset_name=result.get("dataset_name", dataset.name),
+                    dataset_config=f"{source_lang}-{target_lang}",
+                    dataset_split=result["split"],
+                    metric_type=metric,
+                    metric_name=name,
+                    metric_value=round(float(result[metric]), 2),
+                    metric_config=result[f"{metric}_signature"],
+                )
+            )
+    card_data = ModelCardData(
+        language=[source_lang, target_lang],
+        license=dataset.license,
+        license_name=dataset.license_name if dataset.license == "other" else None,
+        license_link=dataset.license_link if dataset.license == "other" else None,
+        library_name="transformers",
+        pipeline_tag="translation",
+        tags=["translation", "transformer", "vanilla-transformer", "attention-is-all-you-need", *extra_tags],
+        datasets=[dataset.dataset_id],
+        metrics=["bleu", "chrf"],
+        model_name=model_name,
+        eval_results=eval_results or None,
+    )
+    template = Path(template_path) if template_path is not None else default_template_path()
+    license_summary = (
+        f"`{dataset.license_name}`, see the terms above"
+        if dataset.license == "other"
+        else f"`{dataset.license}`"
+    )
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template),
+        model_name=model_name,
+        repo_id=repo_id,
+        code_url=code_url,
+        source_language=_LANGUAGE_NAMES.get(source_lang, source_lang),
+        target_language=_LANGUAGE_NAMES.get(target_lang, target_lang),
+        dataset_name=dataset.name,
+        dataset_url=dataset.url,
+        dataset_citation=dataset.citation,
+        data_terms=dataset.terms,
+        license_summary=license_summary,
+        vocab_size=config.vocab_size,
+        encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers,
+        d_model=config.d_model,
+        heads=config.encoder_attention_heads,
+        ffn_dim=config.encoder_ffn_dim,
+        dropout=config.dropout,
+        num_parameters=f"{num_parameters:,}" if num_parameters is not None else "n/a",
+        results=[{"dataset_name": dataset.name, **r} for r in results],
+        decoding=decoding.get("description", str(decoding)),
+        length_penalty_type=decoding.get("length_penalty_type", "hf"),
+        training_summary=training_summary,
+        example_source=example_source,
+    )
+
+
+def save_for_hub(
+    model: Any,
+    tokenizer: Any,
+    folder: str | Path,
+    card: ModelCard,
+    metadata: dict[str, Any] | None = None,
+) -> Path:
+    """Write everything that would be pushed into ``folder`` and return it.
+
+    The model's classes are registered for the Auto classes only while saving (the previous
+    registration and ``config.auto_map`` are restored afterwards), so later checkpoints written by the
+    same process do not start carrying code files. ``metadata`` (e.g. scores and decoding settings)
+    is written to ``hub_metadata.json`` next to the card.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model_cls, config_cls = type(model), type(model.config)
+    saved_state = (model_cls.__dict__.get("_auto_class"), config_cls.__dict__.get("_auto_class"))
+    saved_auto_map = getattr(model.config, "auto_map", None)
+    try:
+        # The model's save_pretrained maps AutoConfig, AutoModel and AutoModelForSeq2SeqLM once registered
+        # (transformers alone would map only the saved class and AutoConfig); _check_folder verifies it.
+        model.config.register_for_auto_class("AutoConfig")
+        model.register_for_auto_class("AutoModelForSeq2SeqLM")
+        model.save_pretrained(folder)
+    finally:
+        for cls, value in zip((model_cls, config_cls), saved_state, strict=True):
+            if value is None:
+                if "_auto_class" in cls.__dict__:
+                    delattr(cls, "_auto_class")
+            else:
+                cls._auto_class = value
+        if saved_auto_map is None:
+            model.config.__dict__.pop("auto_map", None)
+        else:
+            model.config.auto_map = saved_auto_map
+    tokenizer.save_pretrained(folder)
+    card.save(folder / "README.md")
+    if metadata is not None:
+        (folder / "hub_metadata.json").write_text(
+            json.dumps(metadata, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
+    _check_folder(folder)
+    logger.info("Wrote the Hub folder %s", folder)
+    return folder
+
+
+def _check_folder(folder: Path) -> None:
+    """Fail loudly if the folder lacks a piece a user of the Hub repo needs."""
+    needed = [
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "README.md",
+        "tokenizer_config.json",
+    ]
+    missing = [name for name in needed if not (folder / name).is_file()]
+    auto_map = json.loads((folder / "config.json").read_text()).get("auto_map", {})
+    missing += [
+        f"auto_map[{key}]"
+        for key in ("AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM")
+        if key not in auto_map
+    ]
+    missing += [
+        f"{entry.split('.')[0]}.py"
+        for entry in auto_map.values()
+        if not (folder / f"{entry.split('.')[0]}.py").is_file()
+    ]
+    if missing:
+        raise RuntimeError(f"The Hub folder {folder} is incomplete, missing: {missing}.")
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "the Hub could not be reached or refused us", as raised by huggingface_hub's
+    HTTP client (httpx2 in huggingface_hub 2.x, httpx in 1.x) — ConnectionError covers offline mode."""
+    errors: list[type[BaseException]] = [OSError, HfHubHTTPError, LocalTokenNotFoundError]
+    for name in ("httpx2", "httpx"):
+        try:
+            errors.append(importlib.import_module(name).TransportError)
+        except ImportError:
+            continue
+    return tuple(errors)
+
+
+def push_to_hub(
+    folder: str | Path,
+    repo_id: str,
+    private: bool = False,
+    token: str | None = None,
+    commit_message: str = "Upload hf_vanilla Transformer",
+) -> str:
+    """Create ``repo_id`` (if needed) and upload ``folder``; return the commit URL.
+
+    Raises:
+        HubPushError: the Hub is unreachable (offline mode, no network), the token is missing or the
+            Hub refused the upload. The message names the kept local folder and the command to retry.
+    """
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} is not a saved model folder: write it first with save_for_hub.")
+    later = (
+        f"The local folder {folder} is kept. Push it later, when online and logged in (`hf auth login`), with\n"
+        f"  python scripts/publish.py --push_only --output_dir {folder} --push_to_hub --hub_model_id {repo_id}\n"
+        f"or\n  hf upload {repo_id} {folder} ."
+    )
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        raise HubPushError(f"Not pushing to the Hub: offline mode is on (HF_HUB_OFFLINE=1).\n{later}")
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=repo_id, folder_path=str(folder), repo_type="model", commit_message=commit_message
+        )
+    except _network_errors() as err:
+        raise HubPushError(f"Pushing {folder} to the Hub repo {repo_id!r} failed: {err}\n{later}") from err
+    url = str(getattr(commit, "commit_url", commit))
+    logger.info("Pushed %s to %s", folder, url)
+    return url
+
+
+# --------------------------------------------------------------------------------------------------
+# The publish command (scripts/publish.py)
+# --------------------------------------------------------------------------------------------------
+
+KNOWN_DATASETS = {"multi30k": MULTI30K}
+
+
+@dataclass
+class PublishArguments:
+    """What to publish and where."""
+
+    output_dir: str = field(
+        metadata={"help": "The folder to write: exactly what would be pushed to the Hub."}
+    )
+    results_files: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "One or more <split>.results.json written by scripts/evaluate_bleu.py (scores for the card)."
+        },
+    )
+    push_to_hub: bool = field(
+        default=False, metadata={"help": "Upload the folder (needs --hub_model_id, network, login)."}
+    )
+    hub_model_id: str | None = field(
+        default=None, metadata={"help": "Hub repo id, e.g. 'user/transformer-base-en-de'."}
+    )
+    private: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
+    push_only: bool = field(
+        default=False, metadata={"help": "Push an already written --output_dir without rebuilding it."}
+    )
+    dataset: str = field(
+        default="multi30k",
+        metadata={
+            "help": f"Data card: one of {sorted(KNOWN_DATASETS)} or 'custom' (then give --data_terms etc.)."
+        },
+    )
+    dataset_id: str | None = field(
+        default=None, metadata={"help": "custom data: Hub dataset id or short name."}
+    )
+    dataset_display_name: str | None = field(
+        default=None, metadata={"help": "custom data: name on the card."}
+    )
+    data_terms: str | None = field(
+        default=None, metadata={"help": "custom data: its license / terms of use."}
+    )
+    weights_license: str | None = field(
+        default=None,
+        metadata={"help": "custom data: Hub license id of the weights (e.g. 'apache-2.0', 'other')."},
+    )
+    model_name: str | None = field(
+        default=None, metadata={"help": "Title of the card; default: the repo name."}
+    )
+    training_summary: str | None = field(
+        default=None,
+        metadata={"help": "Training paragraph; default: built from the model folder's trainer_state.json."},
+    )
+    code_url: str | None = field(default=None, metadata={"help": "Link to the hf_vanilla code on the card."})
+
+
+def dataset_card_from_args(args: PublishArguments) -> DatasetCard:
+    """The data card named by ``--dataset``, or a custom one from ``--dataset_id`` etc."""
+    if args.dataset in KNOWN_DATASETS:
+        return KNOWN_DATASETS[args.dataset]
+    if args.dataset != "custom":
+        raise ValueError(
+            f"Unknown --dataset {args.dataset!r}: choose one of {sorted(KNOWN_DATASETS)} or 'custom'."
+        )
+    missing = [name for name in ("dataset_id", "data_terms", "weights_license") if not getattr(args, name)]
+    if missing:
+        raise ValueError(
+            f"--dataset custom needs {', '.join('--' + m for m in missing)}: the card must state the data's terms "
+            "and the license of the weights."
+        )
+    return DatasetCard(
+        dataset_id=args.dataset_id,
+        name=args.dataset_display_name or args.dataset_id,
+        terms=args.data_terms,
+        license=args.weights_license,
+        license_name="custom-data-terms" if args.weights_license == "other" else None,
+    )
+
+
+def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Read evaluation results; all must share languages and decoding settings."""
+    if not paths:
+        raise ValueError(
+            "The model card needs measured scores: run scripts/evaluate_bleu.py first and pass its "
+            "<split>.results.json with --results_files."
+        )
+    results = [json.loads(Path(path).read_text(encoding="utf-8")) for path in paths]
+    for key in ("source_lang", "target_lang", "decoding"):
+        values = {json.dumps(result.get(key), sort_keys=True) for result in results}
+        if len(values) > 1:
+            raise ValueError(
+                f"The results files disagree on {key!r} ({sorted(values)}): publish one setting at a time."
+            )
+        if results[0].get(key) is None:
+            raise ValueError(f"{paths[0]} has no {key!r}: write it with scripts/evaluate_bleu.py.")
+    return results
+
+
+def summarize_training(model_dir: str | Path) -> str | None:
+    """A sentence from ``trainer_state.json`` in the model folder, if there is one."""
+    state_file = Path(model_dir) / "trainer_state.json"
+    if not state_file.is_file():
+        return None
+    state = json.loads(state_file.read_text())
+    parts = [f"Trained for {state.get('global_step', '?')} optimizer steps"]
+    if state.get("epoch") is not None:
+        parts.append(f"({float(state['epoch']):.1f} epochs)")
+    if state.get("train_batch_size"):
+        parts.append(f"with a per-device batch size of {state['train_batch_size']}")
+    text = " ".join(parts) + " with hf_vanilla's Trainer recipe (§5)."
+    if state.get("best_metric") is not None and state.get("best_model_checkpoint"):
+        text += f" Best validation metric during training: {float(state['best_metric']):.2f}."
+    return text
+
+
+def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str | Path | None = None) -> Path:
+    """Write the Hub folder for ``model`` (see :func:`save_for_hub`) and push it if ``args.push_to_hub``.
+
+    The generation config in the folder is set to the beam size and α that produced the card's scores.
+    Raises :class:`HubPushError` (folder kept) when the push fails.
+    """
+    if args.push_to_hub and not args.hub_model_id:
+        raise ValueError("--push_to_hub needs --hub_model_id (e.g. 'user/transformer-base-en-de').")
+    folder = Path(args.output_dir)
+    if not args.push_only:
+        results = load_results(args.results_files or [])
+        decoding = results[0]["decoding"]
+        model.generation_config.num_beams = decoding["num_beams"]
+        model.generation_config.length_penalty = decoding["length_penalty"]
+        card = render_model_card(
+            model.config,
+            results,
+            decoding,
+            results[0]["source_lang"],
+            results[0]["target_lang"],
+            dataset=dataset_card_from_args(args),
+            repo_id=args.hub_model_id or str(folder),
+            model_name=args.model_name,
+            num_parameters=model.num_parameters(),
+            training_summary=args.training_summary or (summarize_training(model_dir) if model_dir else None),
+            code_url=args.code_url,
+        )
+        metadata = {
+            "results": results,
+            "decoding": decoding,
+            "source_model": str(model_dir) if model_dir else None,
+        }
+        save_for_hub(model, tokenizer, folder, card, metadata)
+    elif not folder.is_dir():
+        raise FileNotFoundError(
+            f"--push_only: {folder} does not exist; write it first (run without --push_only)."
+        )
+    if args.push_to_hub:
+        push_to_hub(folder, args.hub_model_id, private=args.private)
+    return folder

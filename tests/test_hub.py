@@ -1,0 +1,292 @@
+"""The Hub folder (weights, remote code with auto_map, tokenizer, generation config, model card) and the push."""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from huggingface_hub.errors import OfflineModeIsEnabled
+
+from hf_vanilla.evaluation import write_results
+from hf_vanilla.hub import (
+    HubPushError,
+    PublishArguments,
+    dataset_card_from_args,
+    load_results,
+    publish,
+    push_to_hub,
+    render_model_card,
+    save_for_hub,
+)
+from hf_vanilla.translate import DecodingOptions
+
+REPO = Path(__file__).resolve().parents[1]
+
+RESULT = {
+    "split": "validation",
+    "bleu": 35.4321,
+    "chrf": 61.2345,
+    "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+    "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0",
+    "num_segments": 1014,
+    "source_lang": "en",
+    "target_lang": "de",
+}
+
+
+def card_for(model, decoding: DecodingOptions | None = None) -> ModelCard:
+    return render_model_card(
+        model.config,
+        [RESULT],
+        (decoding or DecodingOptions()).to_dict(),
+        "en",
+        "de",
+        repo_id="someone/tiny-transformer",
+        num_parameters=model.num_parameters(),
+    )
+
+
+# --- model card ----------------------------------------------------------------------------------------
+
+
+def test_card_metadata_has_languages_license_and_scores(model) -> None:
+    card = ModelCard(str(card_for(model)))  # parse the rendered text back, as the Hub does
+    data = card.data.to_dict()
+    assert data["language"] == ["en", "de"]
+    assert data["license"] == "other" and data["license_name"] == "multi30k-non-commercial-research"
+    assert "translation" in data["tags"] and data["datasets"] == ["multi30k"]
+    assert data["metrics"] == ["bleu", "chrf"] and data["pipeline_tag"] == "translation"
+    results = data["model-index"][0]["results"]
+    metrics = {metric["type"]: metric for metric in results[0]["metrics"]}
+    assert metrics["bleu"]["value"] == 35.43 and metrics["chrf"]["value"] == 61.23
+    assert metrics["bleu"]["config"] == RESULT["bleu_signature"]
+    assert results[0]["dataset"]["split"] == "validation"
+    text = card.text
+    assert "non-commercial research and education use only" in text
+    assert "HF length penalty |Y|^0.6 inside beam search" in text and "input length + 50" in text
+    assert RESULT["chrf_signature"] in text and "someone/tiny-transformer" in text
+    assert "{{" not in text and "{%" not in text  # every template variable was filled
+
+
+def test_card_says_when_gnmt_rescoring_was_used(model) -> None:
+    text = card_for(model, DecodingOptions(length_penalty_type="gnmt")).text
+    assert "GNMT length penalty ((5+|Y|)/6)^0.6 applied by rescoring" in text
+    assert "not inside the search" in text
+
+
+def test_card_needs_measured_scores(model) -> None:
+    with pytest.raises(ValueError, match="lacks"):
+        render_model_card(model.config, [{"split": "validation", "bleu": 1.0}], {}, "en", "de")
+
+
+# --- the folder ------------------------------------------------------------------------------------------
+
+
+def test_folder_has_everything_and_leaves_the_model_alone(model, tokenizer, tmp_path: Path) -> None:
+    folder = save_for_hub(model, tokenizer, tmp_path / "hub", card_for(model), metadata={"results": [RESULT]})
+    names = {p.name for p in folder.iterdir()}
+    assert {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "modeling_vanilla_transformer.py",
+        "configuration_vanilla_transformer.py",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+        "hub_metadata.json",
+    } <= names
+    config = json.loads((folder / "config.json").read_text())
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
+        "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
+        "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
+    }
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["length_penalty"]) == (4, 0.6)
+    # registration was temporary: a later plain save (e.g. a Trainer checkpoint) carries no code
+    assert type(model)._auto_class is None and getattr(model.config, "auto_map", None) is None
+    model.save_pretrained(tmp_path / "plain")
+    assert not (tmp_path / "plain" / "modeling_vanilla_transformer.py").exists()
+    assert "auto_map" not in json.loads((tmp_path / "plain" / "config.json").read_text())
+
+
+LOAD_WITHOUT_HF_VANILLA = r"""
+import json, sys
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "hf_vanilla" or name.startswith("hf_vanilla."):
+            raise ModuleNotFoundError(f"blocked: {name}")
+
+sys.meta_path.insert(0, Block())
+try:
+    import hf_vanilla  # noqa: F401
+    raise SystemExit("hf_vanilla should not be importable here")
+except ModuleNotFoundError:
+    pass
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+folder = sys.argv[1]
+model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+batch = tokenizer(json.loads(sys.argv[2]), padding=True, return_tensors="pt")
+generated = model.generate(**batch, max_new_tokens=8)  # beam 4 and α 0.6 from generation_config.json
+assert "hf_vanilla" not in sys.modules
+print(json.dumps({"module": type(model).__module__, "ids": generated.tolist()}))
+"""
+
+
+def test_published_folder_loads_and_generates_without_hf_vanilla(model, tokenizer, tmp_path: Path) -> None:
+    folder = save_for_hub(model, tokenizer, tmp_path / "hub", card_for(model))
+    sentences = ["w1 w2 w3", "w4"]
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, "-c", LOAD_WITHOUT_HF_VANILLA, str(folder), json.dumps(sentences)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote = json.loads(result.stdout.strip().splitlines()[-1])
+    assert remote["module"].startswith("transformers_modules.")
+    with torch.no_grad():
+        local = model.generate(**tokenizer(sentences, padding=True, return_tensors="pt"), max_new_tokens=8)
+    assert remote["ids"] == local.tolist()
+
+
+# --- pushing ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hub_folder(model, tokenizer, tmp_path: Path) -> Path:
+    return save_for_hub(model, tokenizer, tmp_path / "hub", card_for(model))
+
+
+def test_push_calls_create_repo_and_upload_folder(hub_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, dict]] = []
+
+    def create_repo(self, **kwargs):
+        calls.append(("create_repo", kwargs))
+        return f"https://huggingface.co/{kwargs['repo_id']}"
+
+    def upload_folder(self, **kwargs):
+        calls.append(("upload_folder", kwargs))
+        return huggingface_hub.CommitInfo(
+            commit_url=f"https://huggingface.co/{kwargs['repo_id']}/commit/abc",
+            commit_message="m",
+            commit_description="",
+            oid="abc",
+        )
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    url = push_to_hub(hub_folder, "someone/tiny-transformer", private=True)
+    assert url == "https://huggingface.co/someone/tiny-transformer/commit/abc"
+    assert [name for name, _ in calls] == ["create_repo", "upload_folder"]
+    assert calls[0][1] == {
+        "repo_id": "someone/tiny-transformer",
+        "repo_type": "model",
+        "private": True,
+        "exist_ok": True,
+    }
+    assert (
+        calls[1][1]["folder_path"] == str(hub_folder) and calls[1][1]["repo_id"] == "someone/tiny-transformer"
+    )
+
+
+def _must_not_be_called(self, **kwargs):
+    raise AssertionError("no Hub call may happen in offline mode")
+
+
+def test_push_offline_keeps_the_folder(hub_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", _must_not_be_called)
+    with pytest.raises(HubPushError) as error:
+        push_to_hub(hub_folder, "someone/tiny-transformer")
+    message = str(error.value)
+    assert "offline" in message and f"{hub_folder} is kept" in message
+    assert (
+        f"--push_only --output_dir {hub_folder} --push_to_hub --hub_model_id someone/tiny-transformer"
+        in message
+    )
+    assert (hub_folder / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [OfflineModeIsEnabled("offline"), ConnectionError("Name or service not known"), TimeoutError("slow")],
+)
+def test_push_network_failure_is_a_clear_error(
+    hub_folder: Path, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    def create_repo(self, **kwargs):
+        raise error
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    with pytest.raises(HubPushError, match="is kept") as info:
+        push_to_hub(hub_folder, "someone/tiny-transformer")
+    assert info.value.__cause__ is error
+    assert hub_folder.is_dir()
+
+
+# --- the publish command -----------------------------------------------------------------------------------
+
+
+def write_result_file(tmp_path: Path, decoding: DecodingOptions | None = None) -> Path:
+    result = {**RESULT, "decoding": (decoding or DecodingOptions()).to_dict(), "hypotheses": ["x"]}
+    return write_results(result, tmp_path / "eval" / "validation.results.json")
+
+
+def test_publish_sets_generation_config_to_the_scored_decoding(model, tokenizer, tmp_path: Path) -> None:
+    results = write_result_file(tmp_path, DecodingOptions(num_beams=5, length_penalty=1.0))
+    args = PublishArguments(output_dir=str(tmp_path / "hub"), results_files=[str(results)])
+    folder = publish(model, tokenizer, args)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["length_penalty"]) == (5, 1.0)
+    assert "beam 5, HF length penalty |Y|^1.0" in (folder / "README.md").read_text()
+
+
+def test_publish_script_offline_push_fails_clearly_and_keeps_folder(
+    model, tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    results = write_result_file(tmp_path)
+    folder = tmp_path / "hub"
+    argv = ["publish.py", "--model_name_or_path", str(tmp_path / "model"), "--output_dir", str(folder)]
+    argv += ["--results_files", str(results), "--push_to_hub", "--hub_model_id", "someone/tiny"]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(REPO / "scripts" / "publish.py"), run_name="__main__")
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "offline mode is on" in err and f"The local folder {folder} is kept" in err
+    assert (folder / "README.md").is_file() and (folder / "model.safetensors").is_file()
+
+
+def test_publish_argument_errors(model, tokenizer, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="needs --hub_model_id"):
+        publish(model, tokenizer, PublishArguments(output_dir=str(tmp_path), push_to_hub=True))
+    with pytest.raises(ValueError, match=r"evaluate_bleu\.py"):
+        publish(model, tokenizer, PublishArguments(output_dir=str(tmp_path / "hub")))
+    with pytest.raises(ValueError, match="--data_terms"):
+        dataset_card_from_args(PublishArguments(output_dir="x", dataset="custom", dataset_id="wmt14"))
+    first = write_result_file(tmp_path / "a")
+    second = write_result_file(tmp_path / "b", DecodingOptions(length_penalty_type="gnmt"))
+    with pytest.raises(ValueError, match="disagree on 'decoding'"):
+        load_results([first, second])
