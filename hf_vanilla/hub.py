@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 _LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "cs": "Czech"}
+_EXAMPLES = {"en": "A man rides a bike.", "de": "Ein Mann fährt Fahrrad.", "fr": "Un homme fait du vélo."}
 
 
 @dataclass
@@ -126,7 +127,7 @@ def render_model_card(
     model_name: str | None = None,
     num_parameters: int | None = None,
     training_summary: str | None = None,
-    example_source: str = "Ein Mann fährt Fahrrad.",
+    example_source: str | None = None,
     extra_tags: Sequence[str] = (),
     code_url: str | None = None,
     template_path: str | Path | None = None,
@@ -213,7 +214,7 @@ def render_model_card(
         decoding=decoding.get("description", str(decoding)),
         length_penalty_type=decoding.get("length_penalty_type", "hf"),
         training_summary=training_summary,
-        example_source=example_source,
+        example_source=example_source or _EXAMPLES.get(source_lang, "..."),
     )
 
 
@@ -447,8 +448,6 @@ def summarize_training(model_dir: str | Path) -> str | None:
     parts = [f"Trained for {state.get('global_step', '?')} optimizer steps"]
     if state.get("epoch") is not None:
         parts.append(f"({float(state['epoch']):.1f} epochs)")
-    if state.get("train_batch_size"):
-        parts.append(f"with a per-device batch size of {state['train_batch_size']}")
     text = " ".join(parts) + " with hf_vanilla's Trainer recipe (§5)."
     if state.get("best_metric") is not None and state.get("best_model_checkpoint"):
         text += f" Best validation metric during training: {float(state['best_metric']):.2f}."

@@ -6,6 +6,7 @@ import json
 import runpy
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import datasets
 import evaluate
@@ -161,6 +162,38 @@ def test_gnmt_with_alpha_zero_equals_plain_beam_search(model, tokenizer) -> None
         max_new_tokens=8,
     )
     assert hf == gnmt
+
+
+class _FixedNBest:
+    """Stands in for a model whose beam search returned two finished hypotheses for one sentence."""
+
+    def __init__(self) -> None:
+        self.config = SimpleNamespace(decoder_start_token_id=1)
+        self.generation_config = SimpleNamespace(eos_token_id=2)
+        long = [1, *[5] * 9, 2]  # |Y| = 10 (</s> included), log P = -6.9
+        short = [1, 7, 2] + [0] * 8  # |Y| = 2, log P = -3.0
+        self.log_probs, self.lengths = torch.tensor([-6.9, -3.0]), torch.tensor([10.0, 2.0])
+        self.sequences = torch.tensor([long, short])
+        self.beam_indices = torch.tensor([[0] * 10, [1, 1] + [-1] * 8])
+
+    def generate(self, **kwargs):
+        alpha = kwargs["length_penalty"]
+        assert kwargs["num_return_sequences"] == kwargs["num_beams"] == 2 and kwargs["output_scores"]
+        scores = self.log_probs / self.lengths**alpha  # HF's definition of sequences_scores
+        return SimpleNamespace(
+            sequences=self.sequences, sequences_scores=scores, beam_indices=self.beam_indices
+        )
+
+
+def test_gnmt_rescoring_can_prefer_another_hypothesis() -> None:
+    """HF's |Y|^0.6 ranks the long hypothesis first (-1.73 > -1.98); ((5+|Y|)/6)^0.6 ranks the short one
+    first (-2.73 > -3.98): the rescoring must return the short one."""
+    fake = _FixedNBest()
+    hf_scores = fake.log_probs / fake.lengths**0.6
+    assert hf_scores[0] > hf_scores[1]
+    options = DecodingOptions(num_beams=2, length_penalty=0.6, length_penalty_type="gnmt")
+    dummy = torch.zeros(1, 3, dtype=torch.long)
+    assert generate_ids(fake, dummy, torch.ones_like(dummy), options) == [[7]]
 
 
 def test_output_length_bound_is_per_sentence(model, tokenizer) -> None:
