@@ -395,6 +395,10 @@ class PublishArguments:
         metadata={"help": "Training paragraph; default: built from the model folder's trainer_state.json."},
     )
     code_url: str | None = field(default=None, metadata={"help": "Link to the hf_vanilla code on the card."})
+    model_card_template: str | None = field(
+        default=None,
+        metadata={"help": "Jinja template of the card; default: the repository's model_card.md."},
+    )
 
 
 def dataset_card_from_args(args: PublishArguments) -> DatasetCard:
@@ -480,6 +484,7 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
             num_parameters=model.num_parameters(),
             training_summary=args.training_summary or (summarize_training(model_dir) if model_dir else None),
             code_url=args.code_url,
+            template_path=args.model_card_template,
         )
         metadata = {
             "results": results,
