@@ -95,7 +95,7 @@ MULTI30K = DatasetCard(
     ),
     license="other",
     license_name="multi30k-non-commercial-research",
-    license_link="https://github.com/multi30k/dataset#use-of-the-data",
+    license_link="https://github.com/multi30k/dataset",
 )
 
 
