@@ -418,16 +418,34 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     def save_pretrained(self, save_directory: str | os.PathLike, *args: object, **kwargs: object) -> None:
         """``PreTrainedModel.save_pretrained``; after ``register_for_auto_class`` the saved
         ``auto_map`` names the config and *both* model classes (AutoConfig, AutoModel,
-        AutoModelForSeq2SeqLM), which live in this one self-contained file."""
-        if self._auto_class is not None:
-            module = type(self).__module__.rsplit(".", 1)[-1]
-            self.config.register_for_auto_class()
-            self.config.auto_map = {
-                **(getattr(self.config, "auto_map", None) or {}),
-                "AutoModel": f"{module}.VanillaTransformerModel",
-                "AutoModelForSeq2SeqLM": f"{module}.VanillaTransformerForConditionalGeneration",
-            }
-        super().save_pretrained(save_directory, *args, **kwargs)
+        AutoModelForSeq2SeqLM), which live in this one self-contained file. The in-memory config
+        is left as it was."""
+        if self._auto_class is None:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        config, config_class = self.config, type(self.config)
+        had_map, old_map = "auto_map" in config.__dict__, config.__dict__.get("auto_map")
+        had_class, old_class = (
+            "_auto_class" in config_class.__dict__,
+            config_class.__dict__.get("_auto_class"),
+        )
+        module = type(self).__module__.rsplit(".", 1)[-1]
+        config.register_for_auto_class()  # AutoConfig; a class attribute
+        config.auto_map = {
+            **(old_map or {}),
+            "AutoModel": f"{module}.VanillaTransformerModel",
+            "AutoModelForSeq2SeqLM": f"{module}.VanillaTransformerForConditionalGeneration",
+        }
+        try:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            if had_map:
+                config.auto_map = old_map
+            else:
+                config.__dict__.pop("auto_map", None)
+            if had_class:
+                config_class._auto_class = old_class
+            else:
+                del config_class._auto_class
 
     def _init_weights(self, module: nn.Module) -> None:
         """Deviation 1: N(0, d_model^-0.5) embeddings (and untied output projection), Xavier-uniform
@@ -743,7 +761,7 @@ class _SourceLengthBound(LogitsProcessor):
         limits = self.limits.to(input_ids.device).repeat_interleave(rows // self.limits.shape[0])
         done = (input_ids.shape[1] >= limits)[:, None]  # (rows, 1)
         forced = torch.full_like(scores, -math.inf)
-        forced[:, self.eos_token_id] = 0.0
+        forced[:, self.eos_token_id] = scores[:, self.eos_token_id]  # keep </s>'s own score
         return torch.where(done, forced, scores)
 
 

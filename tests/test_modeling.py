@@ -247,6 +247,19 @@ def test_generation_defaults_follow_section_6_1(model, batch) -> None:
     assert second.index(2) == int(lengths[1]) + 50 - 1  # the 56th token of row 2 is the forced </s>
 
 
+def test_forced_end_keeps_the_real_end_score(model, batch) -> None:
+    """At the §6.1 bound only </s> may follow, scored with its own log-probability (not 0), so a
+    truncated hypothesis does not look better than it is in beam search."""
+    source = batch["input_ids"][:1, :3]
+    out = model.generate(
+        source, num_beams=1, bad_words_ids=[[2]], output_scores=True, return_dict_in_generate=True
+    )
+    assert out.sequences.shape[1] == 1 + 3 + 50 and out.sequences[0, -1] == 2
+    logits = model(source, decoder_input_ids=out.sequences[:, :-1]).logits[0, -1]
+    assert out.scores[-1][0, 2] == pytest.approx(logits[2].item(), abs=1e-4)
+    assert torch.isinf(out.scores[-1][0, 3:]).all()
+
+
 def test_sampling_is_reproducible(model, batch) -> None:
     source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     torch.manual_seed(3)
@@ -406,6 +419,7 @@ except ModuleNotFoundError:
     pass
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+torch.set_num_threads(1)  # as in the test process, so that the results are bit-identical
 folder = sys.argv[1]
 config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
 assert type(config).__name__ == "VanillaTransformerConfig"
@@ -426,6 +440,8 @@ def test_remote_code_loads_where_hf_vanilla_is_not_installed(model, batch, tmp_p
         model.save_pretrained(tmp_path)
     finally:
         type(model)._auto_class = None
+    assert getattr(model.config, "auto_map", None) is None  # the in-memory config is left as it was
+    assert type(model.config)._auto_class is None
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
     assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM"}
     assert (tmp_path / "modeling_vanilla_transformer.py").exists()
