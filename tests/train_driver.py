@@ -1,0 +1,140 @@
+"""Runs ``scripts/train.py`` unchanged, with a recording Trainer, for the multi-process and fault tests.
+
+Launched by tests/test_distributed.py and tests/test_faults.py as ``python``, ``torchrun`` or
+``accelerate launch`` ``tests/train_driver.py <train.py arguments>``. It swaps
+``hf_vanilla.training.PaperSeq2SeqTrainer`` for a subclass that adds observation only, then runs the
+script as ``__main__``. Controlled by environment variables:
+
+* ``HF_VANILLA_RECORD_DIR``: each process writes ``rank-<r>.json`` (rank, world size, pid, tokenizer
+  hash) when training starts, appends its logs to ``logs-rank<r>.jsonl``, saves its parameters to
+  ``params-rank<r>.safetensors`` when training ends, and writes the decoded predictions and
+  references that ``compute_metrics`` receives (after the cross-process gather) to
+  ``eval-rank<r>-<call>.json``.
+* ``HF_VANILLA_RESILIENT=1``: use :class:`hf_vanilla.checkpointing.ResilientTrainerMixin` and
+  :class:`~hf_vanilla.checkpointing.SaveOnSignalCallback` (unless the training module already does).
+* ``HF_VANILLA_BLOCK_AT_STEP=N``: after optimizer step N, write ``blocked`` into the record folder and
+  wait until a signal arrives (the fault tests then send SIGTERM or SIGKILL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import runpy
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.torch import save_file
+from transformers import TrainerCallback
+
+import hf_vanilla.training as training
+from hf_vanilla.checkpointing import ResilientTrainerMixin, SaveOnSignalCallback
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD_DIR = os.environ.get("HF_VANILLA_RECORD_DIR")
+RESILIENT = os.environ.get("HF_VANILLA_RESILIENT") == "1"
+BLOCK_AT_STEP = int(os.environ.get("HF_VANILLA_BLOCK_AT_STEP", "0"))
+
+
+class Recorder(TrainerCallback):
+    def __init__(self, trainer: Any, record_dir: Path) -> None:
+        self.trainer, self.dir = trainer, record_dir
+        self.rank = trainer.args.process_index
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        backend = self.trainer.processing_class.backend_tokenizer.to_str()
+        info = {
+            "rank": args.process_index,
+            "world_size": args.world_size,
+            "pid": os.getpid(),
+            "tokenizer_sha256": hashlib.sha256(backend.encode()).hexdigest(),
+        }
+        (self.dir / f"rank-{self.rank}.json").write_text(json.dumps(info))
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        with (self.dir / f"logs-rank{self.rank}.jsonl").open("a") as handle:
+            handle.write(json.dumps({"step": state.global_step, **(logs or {})}) + "\n")
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        model = kwargs["model"]
+        params = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
+        save_file(params, str(self.dir / f"params-rank{self.rank}.safetensors"))
+
+
+class BlockAtStep(TrainerCallback):
+    """Stops the run after step N until a signal arrives (then SaveOnSignalCallback acts, if present)."""
+
+    def __init__(self, trainer: Any, record_dir: Path, step: int) -> None:
+        self.trainer, self.dir, self.step = trainer, record_dir, step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step != self.step:
+            return
+        savers = [
+            cb for cb in self.trainer.callback_handler.callbacks if isinstance(cb, SaveOnSignalCallback)
+        ]
+        (self.dir / "blocked").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 300
+        while not any(cb.received is not None for cb in savers):
+            if time.monotonic() > deadline:
+                raise TimeoutError("train_driver: nobody sent the signal within 300 s.")
+            time.sleep(0.05)
+
+
+Base = training.PaperSeq2SeqTrainer
+bases = (Base,) if not RESILIENT or issubclass(Base, ResilientTrainerMixin) else (ResilientTrainerMixin, Base)
+
+
+class InstrumentedTrainer(*bases):  # type: ignore[misc]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if RECORD_DIR is None:
+            return
+        record_dir = Path(RECORD_DIR)
+        record_dir.mkdir(parents=True, exist_ok=True)
+        self.add_callback(Recorder(self, record_dir))
+        if BLOCK_AT_STEP:
+            self.add_callback(BlockAtStep(self, record_dir, BLOCK_AT_STEP))
+        if RESILIENT and not any(
+            isinstance(cb, SaveOnSignalCallback) for cb in self.callback_handler.callbacks
+        ):
+            self.add_callback(SaveOnSignalCallback())
+        if self.compute_metrics is not None:
+            self.compute_metrics = self._recording(self.compute_metrics, record_dir)
+
+    def _recording(self, compute_metrics: Any, record_dir: Path) -> Any:
+        calls = {"n": 0}
+        tokenizer = self.processing_class
+
+        def decode(ids: np.ndarray) -> list[str]:
+            ids = np.where(ids < 0, tokenizer.pad_token_id, ids)
+            return tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+        def wrapped(prediction: Any) -> dict[str, float]:
+            metrics = compute_metrics(prediction)
+            predictions = prediction.predictions
+            predictions = predictions[0] if isinstance(predictions, tuple) else predictions
+            record = {
+                "hypotheses": decode(predictions),
+                "references": decode(prediction.label_ids),
+                "prediction_ids": np.asarray(predictions).tolist(),
+                "metrics": metrics,
+            }
+            path = record_dir / f"eval-rank{self.args.process_index}-{calls['n']}.json"
+            path.write_text(json.dumps(record))
+            calls["n"] += 1
+            return metrics
+
+        return wrapped
+
+
+training.PaperSeq2SeqTrainer = InstrumentedTrainer
+
+if __name__ == "__main__":
+    sys.argv[0] = str(ROOT / "scripts" / "train.py")
+    runpy.run_path(str(ROOT / "scripts" / "train.py"), run_name="__main__")
