@@ -1,0 +1,325 @@
+"""Data parallelism on CPU (gloo) through the project's training script, Accelerate configs, big-model loading.
+
+The multi-process tests launch ``scripts/train.py`` unchanged (through tests/train_driver.py, which only
+records what each process saw) with ``torchrun --nproc_per_node 2`` and ``accelerate launch --multi_gpu
+--num_processes 2`` — which on a machine without GPUs runs two CPU processes over gloo — and compare
+with one process that sees the same global batches. ``accelerate launch --cpu --num_processes 2`` runs
+one process only (accelerate 1.15); a slow test pins that down, so every test here proves that two
+ranks ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_model
+from safetensors.torch import load_file
+from transformers import AutoModelForSeq2SeqLM
+
+from hf_vanilla import VanillaTransformerForConditionalGeneration
+from hf_vanilla.data import make_demo_splits
+from hf_vanilla.tokenization import train_tokenizer_from_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVER = ROOT / "tests" / "train_driver.py"
+CONFIGS = ROOT / "configs" / "accelerate"
+TRAIN, VALID = 48, 7  # 7 validation sentences: not a multiple of 2 processes × 2 per batch
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tokenizer")
+    data = make_demo_splits(TRAIN, VALID, 0)
+    train_tokenizer_from_dataset(data, "en", "de", vocab_size=300).save_pretrained(folder)
+    return folder
+
+
+def _train_args(tokenizer_dir: Path, output_dir: Path, *extra: str) -> list[str]:
+    """The demo task (EN→DE numbers), a tiny model, 4 steps, no dropout (ranks draw different masks),
+    then evaluation with generation (§6.1 beam search) on the 7 validation sentences."""
+    return [
+        "--demo", "--demo_train_size", str(TRAIN), "--demo_validation_size", str(VALID), "--demo_test_size", "0",
+        "--tokenizer_name_or_path", str(tokenizer_dir),
+        "--d_model", "32", "--layers", "2", "--attention_heads", "4", "--ffn_dim", "64", "--dropout", "0",
+        "--max_steps", "4", "--learning_rate", "1e-3", "--warmup_steps", "1", "--logging_steps", "1",
+        "--save_strategy", "no", "--eval_strategy", "no", "--per_device_eval_batch_size", "2",
+        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--seed", "0",
+        "--output_dir", str(output_dir), *extra,
+    ]  # fmt: skip
+
+
+def _env(record_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(ROOT),
+        HF_VANILLA_RECORD_DIR=str(record_dir),
+    )
+    return env
+
+
+def _launchers(name: str) -> list[str]:
+    if name == "python":
+        return [sys.executable, str(DRIVER)]
+    if name == "torchrun":
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(DRIVER),
+        ]
+    if name == "accelerate":  # the repository's DDP config (MULTI_GPU), on CPU: 2 gloo processes
+        return [
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "ddp.yaml"),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()), str(DRIVER),
+        ]  # fmt: skip
+    if name == "accelerate-flag":
+        return [
+            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(_free_port()), str(DRIVER),
+        ]  # fmt: skip
+    if name == "accelerate-cpu":
+        return [
+            sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(DRIVER),
+        ]  # fmt: skip
+    raise ValueError(name)
+
+
+class Run:
+    """One launched training run and what each of its processes recorded."""
+
+    def __init__(self, root: Path, launcher: str, args: list[str]) -> None:
+        self.out, self.record = root / "out", root / "record"
+        self.command = [*_launchers(launcher), *args]
+        self.process = subprocess.Popen(
+            self.command, env=_env(self.record), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def wait(self) -> Run:
+        log = self.process.communicate(timeout=900)[0]
+        assert self.process.returncode == 0, f"{' '.join(self.command)}\n{log[-4000:]}"
+        return self
+
+    def ranks(self) -> list[dict[str, Any]]:
+        return [json.loads(p.read_text()) for p in sorted(self.record.glob("rank-*.json"))]
+
+    def params(self, rank: int = 0) -> dict[str, torch.Tensor]:
+        return load_file(self.record / f"params-rank{rank}.safetensors")
+
+    def losses(self, rank: int = 0) -> list[float]:
+        lines = (self.record / f"logs-rank{rank}.jsonl").read_text().splitlines()
+        return [record["loss"] for record in map(json.loads, lines) if "loss" in record]
+
+    def evaluation(self, rank: int = 0) -> dict[str, Any]:
+        return json.loads((self.record / f"eval-rank{rank}-0.json").read_text())
+
+
+def _launch_pair(
+    tmp: Path, tokenizer_dir: Path, launcher: str, two: list[str], one: list[str]
+) -> tuple[Run, Run]:
+    """Start the 2-process run and its 1-process reference side by side; wait for both."""
+    double = Run(tmp / launcher, launcher, _train_args(tokenizer_dir, tmp / launcher / "out", *two))
+    single = Run(tmp / "single", "python", _train_args(tokenizer_dir, tmp / "single" / "out", *one))
+    return double.wait(), single.wait()
+
+
+@pytest.fixture(scope="module")
+def sentence_batches(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> tuple[Run, Run]:
+    """torchrun, 2 processes × 4 pairs, against 1 process × 8 pairs: the same global batches
+    (Accelerate deals consecutive batches of the same seeded permutation to the ranks)."""
+    return _launch_pair(
+        tmp_path_factory.mktemp("ddp"),
+        tokenizer_dir,
+        "torchrun",
+        ["--per_device_train_batch_size", "4"],
+        ["--per_device_train_batch_size", "8"],
+    )
+
+
+def _check_two_ranks(run: Run) -> None:
+    ranks = run.ranks()
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
+    assert ranks[0]["pid"] != ranks[1]["pid"]
+    assert ranks[0]["tokenizer_sha256"] == ranks[1]["tokenizer_sha256"]
+
+
+def _check_identical_ranks(run: Run) -> None:
+    first, second = run.params(0), run.params(1)
+    assert first.keys() == second.keys()
+    for key in first:
+        assert torch.equal(first[key], second[key]), key
+
+
+def _check_matches_one_process(run: Run, single: Run, atol: float = 1e-5) -> None:
+    assert single.ranks()[0]["world_size"] == 1
+    losses, reference = run.losses(), single.losses()
+    assert len(losses) == len(reference) == 4
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=1e-5, atol=1e-6)
+    assert losses[0] != losses[-1]  # it trained
+    got, expected = run.params(), single.params()
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=atol, msg=key)
+
+
+def test_two_processes_really_ran(sentence_batches: tuple[Run, Run]) -> None:
+    _check_two_ranks(sentence_batches[0])
+
+
+def test_parameters_are_identical_on_both_ranks(sentence_batches: tuple[Run, Run]) -> None:
+    _check_identical_ranks(sentence_batches[0])
+
+
+def test_two_processes_match_one_process_with_the_same_global_batch(
+    sentence_batches: tuple[Run, Run],
+) -> None:
+    _check_matches_one_process(*sentence_batches)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Seq2SeqTrainer.evaluate (transformers 5.24) gathers with accelerator.gather, keeping the sentences "
+    "Accelerate repeats to even out the last batch; needs PaperSeq2SeqTrainer to gather_for_metrics (issue 5)",
+)
+def test_generation_evaluation_sees_every_sentence_once(sentence_batches: tuple[Run, Run]) -> None:
+    """BLEU over 2 processes scores each validation sentence exactly once, in order, like 1 process."""
+    double, single = sentence_batches
+    expected = [pair["de"] for pair in make_demo_splits(TRAIN, VALID, 0)["validation"]["translation"]]
+    reference = single.evaluation()
+    assert reference["references"] == expected
+    for rank in (0, 1):  # compute_metrics runs on every rank, on the gathered predictions
+        evaluation = double.evaluation(rank)
+        assert evaluation["references"] == expected  # 7, none twice, none missing
+        assert evaluation["hypotheses"] == reference["hypotheses"]
+        assert evaluation["metrics"] == pytest.approx(reference["metrics"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["accelerate", "accelerate-flag"])
+def test_accelerate_launch_runs_two_cpu_processes(
+    tmp_path: Path, tokenizer_dir: Path, sentence_batches: tuple[Run, Run], launcher: str
+) -> None:
+    """``accelerate launch --config_file configs/accelerate/ddp.yaml`` and ``--multi_gpu``, on CPU."""
+    run = Run(
+        tmp_path,
+        launcher,
+        _train_args(
+            tokenizer_dir, tmp_path / "out", "--per_device_train_batch_size", "4", "--do_eval", "false"
+        ),
+    ).wait()
+    _check_two_ranks(run)
+    _check_identical_ranks(run)
+    _check_matches_one_process(run, sentence_batches[1])
+
+
+@pytest.mark.slow
+def test_accelerate_launch_cpu_flag_runs_one_process(tmp_path: Path, tokenizer_dir: Path) -> None:
+    """The trap the README warns about: ``--cpu --num_processes 2`` silently trains in one process."""
+    run = Run(
+        tmp_path,
+        "accelerate-cpu",
+        _train_args(tokenizer_dir, tmp_path / "out", "--max_steps", "1", "--do_eval", "false"),
+    ).wait()
+    assert [r["world_size"] for r in run.ranks()] == [1]
+
+
+@pytest.mark.slow
+def test_token_budget_batches_two_processes_match_one_process_with_accumulation(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """§5.1 token-budget batches: 2 processes × 1 batch per step equal 1 process × 2 accumulated batches
+    (the sampler deals the same global batch list to the ranks round-robin)."""
+    budget = ["--max_tokens", "200", "--do_eval", "false"]
+    double, single = _launch_pair(
+        tmp_path, tokenizer_dir, "torchrun", budget, [*budget, "--gradient_accumulation_steps", "2"]
+    )
+    _check_two_ranks(double)
+    _check_identical_ranks(double)
+    _check_matches_one_process(double, single)
+
+
+# --------------------------------------------------------------------------------------------------
+# Accelerate config files
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["ddp.yaml", "fsdp.yaml", "deepspeed_zero2.yaml"])
+def test_accelerate_configs_parse(name: str) -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(CONFIGS / name))
+    assert config.compute_environment.value == "LOCAL_MACHINE"
+    assert config.num_machines == 1 and config.machine_rank == 0
+    assert config.mixed_precision == "bf16"
+
+
+def test_fsdp_config_wraps_the_layers_the_model_never_splits() -> None:
+    config = yaml.safe_load((CONFIGS / "fsdp.yaml").read_text())
+    fsdp = config["fsdp_config"]
+    wrapped = fsdp["fsdp_transformer_layer_cls_to_wrap"].split(",")
+    assert sorted(wrapped) == sorted(VanillaTransformerForConditionalGeneration._no_split_modules)
+    model = tiny_model()
+    layer_classes = {type(m).__name__ for m in model.modules()}
+    assert set(wrapped) <= layer_classes
+    # A full state dict is gathered on rank 0 and saved as model.safetensors: averaging (§6.1) reads it,
+    # and nothing pickled (a sharded checkpoint's DCP .metadata) is needed to resume.
+    assert fsdp["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+
+
+def test_deepspeed_config_is_zero_stage_2() -> None:
+    config = yaml.safe_load((CONFIGS / "deepspeed_zero2.yaml").read_text())
+    assert config["distributed_type"] == "DEEPSPEED"
+    settings = json.loads((ROOT / config["deepspeed_config"]["deepspeed_config_file"]).read_text())
+    assert settings["zero_optimization"]["stage"] == 2
+    # Left to the Trainer, which fills them from the command line (a fixed value that disagrees is an error).
+    for key in ("gradient_accumulation_steps", "gradient_clipping", "train_micro_batch_size_per_gpu"):
+        assert settings[key] == "auto"
+    assert (
+        settings["bf16"]["enabled"] == "auto" and "optimizer" not in settings and "scheduler" not in settings
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Big-model inference
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:.*offload")
+@pytest.mark.parametrize("budget", ["half", "none"])
+def test_device_map_auto_with_a_memory_limit_generates_the_same_tokens(tmp_path: Path, budget: str) -> None:
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "model")
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    max_memory = {"cpu": size // 2 if budget == "half" else 1}
+    input_ids = torch.tensor([[5, 6, 7, 8, 9, 10, 2], [11, 12, 2, 0, 0, 0, 0]])
+    inputs = {"input_ids": input_ids, "attention_mask": (input_ids != 0).long()}
+    expected = model.generate(**inputs, max_new_tokens=12)
+
+    placed = AutoModelForSeq2SeqLM.from_pretrained(
+        tmp_path / "model", device_map="auto", max_memory=max_memory, offload_folder=tmp_path / "offload"
+    )
+    devices = set(placed.hf_device_map.values())
+    assert "disk" in devices and (devices == {"cpu", "disk"} if budget == "half" else devices == {"disk"})
+    # Placement respects _no_split_modules: a layer is never spread over two devices.
+    for key in placed.hf_device_map:
+        parts = key.split(".")
+        if "layers" in parts:
+            assert len(parts) <= parts.index("layers") + 2, key
+    torch.testing.assert_close(placed.generate(**inputs, max_new_tokens=12), expected, rtol=0, atol=0)
