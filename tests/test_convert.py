@@ -158,7 +158,9 @@ def target_ids(config: VanillaTransformerConfig, length: int = 10) -> torch.Tens
 
 
 def assert_same_model(source: PreTrainedModel, converted: VanillaTransformerForConditionalGeneration) -> None:
-    """Equal logits (1e-5) and identical greedy and beam-4 outputs under the same settings."""
+    """Equal logits (1e-5) and identical greedy and beam-4 outputs under the same settings, which
+    include the generation defaults the conversion copies (e.g. OPUS-MT's beam size, bad words)."""
+    assert converted.generation_config.to_dict() == source.generation_config.to_dict()
     batch = source_batch(source)
     decoder_input_ids = target_ids(converted.config)
     with torch.no_grad():
