@@ -259,6 +259,7 @@ def test_a_crash_while_saving_the_final_model_keeps_the_old_one(
     trainer = _trainer(out, tokenizer, data, max_steps=1, save_strategy="no")
 
     def failing(self: Any, output_dir: str | None = None, state_dict: Any = None) -> None:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
         Path(output_dir, "model.safetensors").write_bytes(b"half a file")
         raise OSError("No space left on device")
 
