@@ -259,10 +259,15 @@ class VanillaTransformerAttention(nn.Module):
         cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states (B, T, D) → (B, T, D); key_value_states (B, S, D) for cross-attention."""
+        """hidden_states (B, T, D) → (B, T, D); key_value_states (B, S, D) for cross-attention.
+
+        Cross-attention also accepts key_value_states with B / k rows when the decoder runs k hypotheses
+        per sentence (beam search, see ``_expand_inputs_for_generation``): the k·T queries of one
+        sentence attend to its keys together, so K/V are projected, cached and read once per sentence.
+        """
         batch, length, _ = hidden_states.shape
         is_cross = key_value_states is not None
-        query = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        query = self.q_proj(hidden_states)  # (B, T, D)
 
         if is_cross and cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change during decoding: its K/V were computed at step 1.
@@ -270,7 +275,7 @@ class VanillaTransformerAttention(nn.Module):
             key, value = layer_cache.keys, layer_cache.values
         else:
             source = key_value_states if is_cross else hidden_states  # (B, K, D)
-            kv_shape = (batch, source.shape[1], self.num_heads, self.head_dim)
+            kv_shape = (source.shape[0], source.shape[1], self.num_heads, self.head_dim)
             key = self.k_proj(source).view(kv_shape).transpose(1, 2)  # (B, H, K, Dh)
             value = self.v_proj(source).view(kv_shape).transpose(1, 2)
             if cache is not None:
@@ -279,6 +284,8 @@ class VanillaTransformerAttention(nn.Module):
                     cache.is_updated[self.layer_idx] = True
                 else:
                     key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
+        groups = batch // key.shape[0]  # hypotheses per sentence; 1 except in grouped cross-attention
+        query = query.view(batch // groups, groups * length, self.num_heads, self.head_dim).transpose(1, 2)
 
         if output_attentions:  # only the eager kernel materialises the probabilities
             attention_interface: Callable = eager_attention_forward
@@ -298,6 +305,8 @@ class VanillaTransformerAttention(nn.Module):
             scaling=self.scaling,
         )
         output = output.reshape(batch, length, -1)  # Concat(head_1, …, head_h): (B, T, D)
+        if output_attentions and groups > 1:  # (B/k, H, k·T, K) → (B, H, T, K)
+            weights = weights.unflatten(2, (groups, length)).transpose(1, 2).flatten(0, 1)
         return self.out_proj(output), (weights if output_attentions else None)
 
 
@@ -595,6 +604,18 @@ class VanillaTransformerDecoder(nn.Module):
             past_length=past_length,
             materialize_causal=eager,
         )
+        groups = hidden_states.shape[0] // encoder_hidden_states.shape[0]
+        if hidden_states.shape[0] != groups * encoder_hidden_states.shape[0]:
+            raise ValueError(
+                f"The decoder batch ({hidden_states.shape[0]} rows) must be the encoder batch "
+                f"({encoder_hidden_states.shape[0]} rows) or a multiple of it (k hypotheses per sentence, "
+                "consecutive rows); repeat the encoder output with `repeat_interleave` to match."
+            )
+        if (
+            encoder_attention_mask is not None
+            and encoder_attention_mask.shape[0] != encoder_hidden_states.shape[0]
+        ):
+            encoder_attention_mask = encoder_attention_mask[::groups]  # one row per sentence
         cross_mask = build_attention_mask(
             encoder_attention_mask, length, encoder_hidden_states.shape[1], causal=False
         )
@@ -887,6 +908,37 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         if isinstance(num_items_in_batch, torch.Tensor):
             num_items_in_batch = num_items_in_batch.to(total.device)
         return total / num_items_in_batch
+
+    def _expand_inputs_for_generation(
+        self,
+        expand_size: int = 1,
+        is_encoder_decoder: bool = False,
+        input_ids: torch.Tensor | None = None,
+        **model_kwargs: object,
+    ) -> tuple[torch.Tensor | None, dict[str, object]]:
+        """Beam search and ``num_return_sequences`` decode ``expand_size`` hypotheses per sentence.
+        Everything is repeated per hypothesis as in ``GenerationMixin`` except the encoder output: the
+        cross-attention computes K/V once per sentence and lets its hypotheses attend to them together
+        (same function; K/V projections, cache and per-step reads ``expand_size`` times smaller)."""
+        encoder_outputs = model_kwargs.pop("encoder_outputs", None)
+        if is_encoder_decoder and encoder_outputs is None:
+            raise ValueError("Generation needs `encoder_outputs` here; run the encoder first.")
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(
+            expand_size=expand_size, is_encoder_decoder=False, input_ids=input_ids, **model_kwargs
+        )
+        if encoder_outputs is not None:
+            model_kwargs["encoder_outputs"] = encoder_outputs
+        return input_ids, model_kwargs
+
+    def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
+        """Beam search: the self-attention cache follows the surviving hypotheses. The cross-attention
+        cache has one entry per sentence, shared by its hypotheses (which never move to another
+        sentence), so it is reordered only when it was built from an expanded encoder output."""
+        cache.self_attention_cache.reorder_cache(beam_idx)
+        cross = cache.cross_attention_cache
+        if cross.get_seq_length() > 0 and cross.layers[0].keys.shape[0] == beam_idx.shape[0]:
+            cross.reorder_cache(beam_idx)
+        return cache
 
     def generate(
         self,
