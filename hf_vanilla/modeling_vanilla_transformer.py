@@ -183,6 +183,21 @@ def build_attention_mask(
 
 
 # --------------------------------------------------------------------------------------------------
+# §5.4 Residual dropout
+# --------------------------------------------------------------------------------------------------
+def residual_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """§5.4 dropout, "applied to the output of each sub-layer" and to the embedding sums.
+
+    The same values as ``F.dropout`` (the same random numbers), but through ``torch.native_dropout``,
+    which keeps a boolean mask for the backward pass: on CPU ``F.dropout`` keeps a float32 one, four
+    times larger (32 masks of B × T × D in a base-model training step).
+    """
+    if not training or p == 0.0:
+        return hidden_states
+    return torch.native_dropout(hidden_states, p, True)[0]
+
+
+# --------------------------------------------------------------------------------------------------
 # §3.2.1 Scaled dot-product attention, §3.2.2 multi-head attention
 # --------------------------------------------------------------------------------------------------
 def eager_attention_forward(
@@ -341,14 +356,14 @@ class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
         hidden_states, weights = self.self_attn(
             hidden_states, attention_mask=attention_mask, output_attentions=output_attentions
         )
-        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
         hidden_states = self.self_attn_layer_norm(residual + hidden_states)
 
         residual = hidden_states
         hidden_states = self.activation_fn(self.fc1(hidden_states))  # (B, S, F)
-        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        hidden_states = residual_dropout(hidden_states, self.activation_dropout, self.training)
         hidden_states = self.fc2(hidden_states)
-        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
         hidden_states = self.final_layer_norm(residual + hidden_states)
         return hidden_states, weights
 
@@ -385,7 +400,7 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         hidden_states, self_weights = self.self_attn(
             hidden_states, attention_mask=attention_mask, cache=cache, output_attentions=output_attentions
         )
-        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
         hidden_states = self.self_attn_layer_norm(residual + hidden_states)
 
         residual = hidden_states
@@ -396,14 +411,14 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
             cache=cache,
             output_attentions=output_attentions,
         )
-        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
         hidden_states = self.encoder_attn_layer_norm(residual + hidden_states)
 
         residual = hidden_states
         hidden_states = self.activation_fn(self.fc1(hidden_states))  # (B, T, F)
-        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        hidden_states = residual_dropout(hidden_states, self.activation_dropout, self.training)
         hidden_states = self.fc2(hidden_states)
-        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
         hidden_states = self.final_layer_norm(residual + hidden_states)
         return hidden_states, self_weights, cross_weights
 
@@ -528,7 +543,7 @@ class VanillaTransformerEncoder(nn.Module):
         hidden_states = hidden_states + self.embed_positions(
             hidden_states.shape[1], 0, hidden_states.device, hidden_states.dtype
         )
-        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
         mask = build_attention_mask(
             attention_mask, hidden_states.shape[1], hidden_states.shape[1], causal=False
         )
@@ -593,7 +608,7 @@ class VanillaTransformerDecoder(nn.Module):
         hidden_states = hidden_states + self.embed_positions(
             length, past_length, hidden_states.device, hidden_states.dtype
         )
-        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
 
         eager = bool(output_attentions) or self.config._attn_implementation != "sdpa"
         self_mask = build_attention_mask(
