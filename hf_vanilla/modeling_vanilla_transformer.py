@@ -801,6 +801,44 @@ class _SourceLengthBound(LogitsProcessor):
         return torch.where(done, forced, scores)
 
 
+class SmoothedCrossEntropySum(torch.autograd.Function):
+    """§5.4 label-smoothed cross-entropy, summed over the rows whose label is not -100.
+
+    The value and gradient of ``F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum",
+    label_smoothing=ε)``: per row (1 − ε)·(lse − z_y) + ε·(lse − mean(z)), with z the logits and
+    lse = log Σ exp z; the gradient is softmax(z) − (1 − ε)·onehot(y) − ε/V. It keeps only the logits
+    for the backward pass and builds the gradient in one (N, V) buffer, where ``F.cross_entropy`` keeps
+    the log-probabilities and materialises the NLL gradient besides: one (N, V) tensor less at the
+    peak of a training step (the output projection's logits are the largest activation).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float
+    ) -> torch.Tensor:
+        valid = labels != -100  # (N,)
+        target = labels.masked_fill(~valid, 0)
+        lse = torch.logsumexp(logits, dim=-1)  # (N,)
+        per_row = lse - logits.gather(1, target[:, None]).squeeze(1)  # −log p(y)
+        if smoothing:
+            per_row = (1.0 - smoothing) * per_row + smoothing * (lse - logits.mean(dim=-1))
+        ctx.save_for_backward(logits, lse, target, valid)
+        ctx.smoothing = smoothing
+        return torch.where(valid, per_row, 0.0).sum()
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_total: torch.Tensor
+    ) -> tuple[torch.Tensor, None, None]:
+        logits, lse, target, valid = ctx.saved_tensors
+        grad = torch.sub(logits, lse[:, None]).exp_()  # softmax (N, V)
+        if ctx.smoothing:
+            grad.sub_(ctx.smoothing / logits.shape[-1])
+        grad.scatter_add_(1, target[:, None], torch.full_like(lse[:, None], ctx.smoothing - 1.0))
+        grad.mul_((grad_total * valid)[:, None])
+        return grad, None, None
+
+
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
     """The full model of Figure 1: encoder-decoder plus the pre-softmax linear projection, which
     shares its weight with the embeddings (§3.4), and the training loss (§5.4 label smoothing)."""
@@ -911,12 +949,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         ``config.label_smoothing``), divided by the number of target tokens: ``num_items_in_batch``
         (counted by the Trainer over all accumulation steps and processes) or this batch's count."""
         labels = labels.to(logits.device)
-        total = F.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]),
-            labels.reshape(-1),
-            ignore_index=-100,
-            reduction="sum",
-            label_smoothing=self.config.label_smoothing,
+        total = SmoothedCrossEntropySum.apply(
+            logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), self.config.label_smoothing
         )
         if num_items_in_batch is None:
             num_items_in_batch = (labels != -100).sum().clamp(min=1)
