@@ -11,7 +11,8 @@ script as ``__main__``. Controlled by environment variables:
   references that ``compute_metrics`` receives (after the cross-process gather) to
   ``eval-rank<r>-<call>.json``.
 * ``HF_VANILLA_RESILIENT=1``: use :class:`hf_vanilla.checkpointing.ResilientTrainerMixin` and
-  :class:`~hf_vanilla.checkpointing.SaveOnSignalCallback` (unless the training module already does).
+  :class:`~hf_vanilla.checkpointing.SaveOnSignalCallback` (unless the training module already does:
+  then nothing is added).
 * ``HF_VANILLA_BLOCK_AT_STEP=N``: after optimizer step N, write ``blocked`` into the record folder and
   wait until a signal arrives (the fault tests then send SIGTERM or SIGKILL).
 """
@@ -100,12 +101,16 @@ class InstrumentedTrainer(*bases):  # type: ignore[misc]
         self.add_callback(Recorder(self, record_dir))
         if BLOCK_AT_STEP:
             self.add_callback(BlockAtStep(self, record_dir, BLOCK_AT_STEP))
+        if self.compute_metrics is not None:
+            self.compute_metrics = self._recording(self.compute_metrics, record_dir)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        # Added here, not in __init__: the training module may add its own after building the trainer.
         if RESILIENT and not any(
             isinstance(cb, SaveOnSignalCallback) for cb in self.callback_handler.callbacks
         ):
             self.add_callback(SaveOnSignalCallback())
-        if self.compute_metrics is not None:
-            self.compute_metrics = self._recording(self.compute_metrics, record_dir)
+        return super().train(*args, **kwargs)
 
     def _recording(self, compute_metrics: Any, record_dir: Path) -> Any:
         calls = {"n": 0}
