@@ -50,7 +50,7 @@ from hf_vanilla.averaging import average_last_checkpoints, checkpoint_step
 from hf_vanilla.batching import TokenBudgetSeq2SeqTrainer
 from hf_vanilla.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from hf_vanilla.data import DataArguments, load_from_args
-from hf_vanilla.evaluation import compute_bleu_chrf
+from hf_vanilla.evaluation import compute_bleu_chrf, load_metric
 from hf_vanilla.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla.tokenization import (
     check_tokenizer_matches_config,
@@ -364,10 +364,14 @@ class PaperSeq2SeqTrainer(TokenBudgetSeq2SeqTrainer):
 # --------------------------------------------------------------------------------------------------
 # Metrics
 # --------------------------------------------------------------------------------------------------
-def build_compute_metrics(tokenizer: PreTrainedTokenizerBase) -> Callable[[EvalPrediction], dict[str, float]]:
+def build_compute_metrics(
+    tokenizer: PreTrainedTokenizerBase, bleu_tokenize: str = "13a"
+) -> Callable[[EvalPrediction], dict[str, float]]:
     """``compute_metrics`` for generated translations: sacreBLEU BLEU and chrF (§6.1), exact-match
     accuracy and ``gen_len``, the mean length of the translations in tokens (special tokens not
-    counted). Token ids are decoded with ``skip_special_tokens``."""
+    counted). Token ids are decoded with ``skip_special_tokens``. ``bleu_tokenize`` is sacreBLEU's
+    tokenizer for BLEU: ``"13a"`` (the WMT standard) or e.g. ``"char"`` for one-word outputs, where
+    word BLEU has no 2- to 4-grams and is always 0."""
     pad_id = tokenizer.pad_token_id
     special_ids = np.array(tokenizer.all_special_ids)
 
@@ -386,7 +390,12 @@ def build_compute_metrics(tokenizer: PreTrainedTokenizerBase) -> Callable[[EvalP
             )
         hypotheses = decode(predictions)
         references = decode(prediction.label_ids)
-        scores = compute_bleu_chrf(hypotheses, references)
+        if bleu_tokenize == "13a":
+            scores = compute_bleu_chrf(hypotheses, references)
+        else:
+            scores = load_metric().compute(
+                predictions=hypotheses, references=references, bleu_tokenize=bleu_tokenize
+            )
         # Beam search pads finished rows with </s> when the pad id is 0 (transformers treats 0 as
         # unset there), so the length is counted over non-special tokens.
         content = (predictions >= 0) & ~np.isin(predictions, special_ids)
