@@ -1,0 +1,830 @@
+"""hf_vanilla against Hugging Face's own ``MarianMTModel``, the same function, side by side (issue 4).
+
+Both models get the same dimensions and the *same weights*: hf_vanilla is built with
+``attention_bias=True`` (Marian's attention projections always carry biases), its state dict is
+copied into Marian key for key (the attribute names are the same), and Marian's sinusoidal position
+table — sin in the first half of the dimensions, cos in the second — is overwritten with the paper's
+interleaved layout (sin on even, cos on odd dimensions) that hf_vanilla computes. Marian's config is
+set to the paper's function: ReLU, √d_model embedding scaling, shared and tied embeddings, no forced
+``</s>``. The script checks that the two produce the same logits and the same beam-search output
+before it times anything, so every ratio compares one function implemented twice.
+
+Timings are interleaved in one process (A B A B …) after warm-ups; each table cell is the median
+over the repeats with the min–max in brackets, and the ratio column is the median (min–max) of the
+per-pair ratios, each pair measured back to back, which cancels most of the drift of a shared
+machine. The 1-minute load average is recorded with every measurement.
+
+Run ``python benchmarks/bench.py --help`` for the options; ``--quick`` takes about two minutes on
+two cores at ``--size base``.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, HfArgumentParser, MarianConfig, MarianMTModel
+
+from hf_vanilla import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from hf_vanilla.modeling_vanilla_transformer import sinusoidal_position_encoding
+
+OURS, MARIAN = "hf_vanilla", "Marian"
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+
+#: Model sizes. ``base`` is Table 3's base model with a 32k shared vocabulary.
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"vocab_size": 1000, "d_model": 64, "layers": 2, "heads": 4, "ffn": 256},
+    "small": {"vocab_size": 8000, "d_model": 256, "layers": 3, "heads": 4, "ffn": 1024},
+    "base": {"vocab_size": 32000, "d_model": 512, "layers": 6, "heads": 8, "ffn": 2048},
+}
+
+
+@dataclass
+class BenchArguments:
+    """Options of the side-by-side benchmark (defaults: the issue's cases at transformer-base size)."""
+
+    size: str = field(default="base", metadata={"help": "Model size: tiny, small or base (Table 3 base)."})
+    quick: bool = field(
+        default=False,
+        metadata={"help": "Fewer repeats and shorter outputs: about two minutes on two cores at base size."},
+    )
+    cases: str = field(
+        default="train,generate,linear,memory",
+        metadata={"help": "Comma-separated subset of: train, generate, linear, memory, multi30k."},
+    )
+    repeats: int | None = field(
+        default=None, metadata={"help": "Timed repeats per model and case (default 5, 3 with --quick)."}
+    )
+    warmup: int = field(default=1, metadata={"help": "Untimed warm-up calls per model and case."})
+    batch_size: int = field(
+        default=32, metadata={"help": "Sentences per training step / large-batch decoding."}
+    )
+    source_length: int = field(default=32, metadata={"help": "Source tokens per sentence."})
+    target_length: int = field(default=32, metadata={"help": "Target tokens per sentence (training)."})
+    new_tokens: int | None = field(
+        default=None, metadata={"help": "Tokens generated per sentence (default 64, 16 with --quick)."}
+    )
+    linear_lengths: str | None = field(
+        default=None,
+        metadata={
+            "help": "Output lengths of the linear-growth check (default 16,64,256; 16,64 with --quick)."
+        },
+    )
+    multi30k: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder with Multi30k train.{de,en}.gz: adds the real-data epoch case (off by default)."
+        },
+    )
+    multi30k_sentences: int | None = field(
+        default=None,
+        metadata={"help": "Use only this many (shuffled) training pairs; default the whole epoch."},
+    )
+    multi30k_source: str = field(default="de", metadata={"help": "Source language of the real-data case."})
+    multi30k_target: str = field(default="en", metadata={"help": "Target language of the real-data case."})
+    threads: int | None = field(
+        default=None, metadata={"help": "torch threads (default: torch's choice, one per core)."}
+    )
+    seed: int = field(default=0, metadata={"help": "Seed of the weights, the inputs and the shuffle."})
+    json_out: str | None = field(
+        default=None, metadata={"help": "Also write all measurements to this JSON file."}
+    )
+    memory_child: str | None = field(
+        default=None, metadata={"help": "Internal: measure the peak training memory of one model and exit."}
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The two models: same dimensions, same weights, same function
+# --------------------------------------------------------------------------------------------------
+def build_configs(size: str) -> tuple[VanillaTransformerConfig, MarianConfig]:
+    if size not in SIZES:
+        raise ValueError(f"Unknown --size {size!r}: choose one of {sorted(SIZES)}.")
+    s = SIZES[size]
+    dims = {
+        "vocab_size": s["vocab_size"],
+        "d_model": s["d_model"],
+        "encoder_layers": s["layers"],
+        "decoder_layers": s["layers"],
+        "encoder_attention_heads": s["heads"],
+        "decoder_attention_heads": s["heads"],
+        "encoder_ffn_dim": s["ffn"],
+        "decoder_ffn_dim": s["ffn"],
+        "max_position_embeddings": 1024,
+        "dropout": 0.1,
+        "attention_dropout": 0.0,
+        "activation_dropout": 0.0,
+        "activation_function": "relu",
+        "scale_embedding": True,
+        "tie_word_embeddings": True,
+        "pad_token_id": PAD,
+        "bos_token_id": BOS,
+        "eos_token_id": EOS,
+        "decoder_start_token_id": BOS,
+    }
+    ours = VanillaTransformerConfig(**dims, attention_bias=True)
+    marian = MarianConfig(
+        **dims,
+        decoder_vocab_size=s["vocab_size"],
+        share_encoder_decoder_embeddings=True,
+        forced_eos_token_id=None,
+    )
+    return ours, marian
+
+
+def build_ours(config: VanillaTransformerConfig, seed: int) -> VanillaTransformerForConditionalGeneration:
+    torch.manual_seed(seed)
+    return VanillaTransformerForConditionalGeneration(config)
+
+
+def build_marian(
+    config: MarianConfig, ours: VanillaTransformerForConditionalGeneration | None
+) -> MarianMTModel:
+    """Marian with hf_vanilla's weights (when given) and the paper's position-encoding layout."""
+    marian = MarianMTModel(config)
+    if ours is not None:
+        state = ours.state_dict()
+        result = marian.load_state_dict(state, strict=False)
+        expected_missing = {
+            "final_logits_bias",
+            "model.encoder.embed_positions.weight",
+            "model.decoder.embed_positions.weight",
+        }
+        if result.unexpected_keys or set(result.missing_keys) - expected_missing:
+            raise RuntimeError(f"Weight copy into Marian failed: {result}")
+    table = sinusoidal_position_encoding(torch.arange(config.max_position_embeddings), config.d_model)
+    with torch.no_grad():
+        marian.model.encoder.embed_positions.weight.copy_(table)
+        marian.model.decoder.embed_positions.weight.copy_(table)
+        marian.final_logits_bias.zero_()
+    return marian
+
+
+def check_same_function(
+    ours: VanillaTransformerForConditionalGeneration, marian: MarianMTModel, seed: int
+) -> dict[str, Any]:
+    """Same logits (eval mode) and the same beam-4 output: the benchmark compares one function."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = ours.config.vocab_size
+    source = torch.randint(4, vocab, (3, 11), generator=generator)
+    mask = torch.ones_like(source)
+    source[2, 7:], mask[2, 7:] = PAD, 0
+    labels = torch.randint(4, vocab, (3, 9), generator=generator)
+    ours.eval(), marian.eval()
+    with torch.inference_mode():
+        a = ours(input_ids=source, attention_mask=mask, labels=labels)
+        b = marian(input_ids=source, attention_mask=mask, labels=labels)
+        config = generation_config(num_beams=4, new_tokens=12)
+        same_beam = torch.equal(
+            ours.generate(source, attention_mask=mask, generation_config=config),
+            marian.generate(source, attention_mask=mask, generation_config=config),
+        )
+    diff = float((a.logits - b.logits).abs().max())
+    if diff > 1e-3 or not same_beam:
+        raise RuntimeError(
+            f"The two models are not the same function (max |Δlogit| = {diff:.2e}, same beam output: "
+            f"{same_beam}); the weight copy or the Marian config is wrong."
+        )
+    return {
+        "max_abs_logit_diff": diff,
+        "loss_diff": float((a.loss - b.loss).abs()),
+        "same_beam_output": same_beam,
+    }
+
+
+def generation_config(num_beams: int, new_tokens: int) -> GenerationConfig:
+    """Exactly ``new_tokens`` tokens (min = max), no sampling; §6.1's α = 0.6 for beam search."""
+    beam_options = {"length_penalty": 0.6, "early_stopping": True} if num_beams > 1 else {}
+    return GenerationConfig(
+        do_sample=False,
+        num_beams=num_beams,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        **beam_options,
+        use_cache=True,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        decoder_start_token_id=BOS,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# FLOPs (matrix products only: GEMMs and the two attention products) and weight bytes
+# --------------------------------------------------------------------------------------------------
+def forward_flops(config: VanillaTransformerConfig, batch: int, source: int, target: int) -> float:
+    """Multiply-adds × 2 of one teacher-forced forward pass; attention counts the full T×K products."""
+    d, f, v = config.d_model, config.encoder_ffn_dim, config.vocab_size
+    enc = batch * source * (8 * d * d + 4 * d * f) + 4 * batch * source * source * d
+    dec = (
+        batch * target * (8 * d * d + 4 * d * d + 4 * d * f)  # self q,k,v,o; cross q,o; FFN
+        + batch * source * 4 * d * d  # cross k,v
+        + 4 * batch * target * target * d  # self QKᵀ and PV
+        + 4 * batch * target * source * d  # cross QKᵀ and PV
+    )
+    head = 2 * batch * target * d * v
+    return config.encoder_layers * enc + config.decoder_layers * dec + head
+
+
+def generate_flops(
+    config: VanillaTransformerConfig, batch: int, beams: int, source: int, new_tokens: int
+) -> float:
+    """Useful FLOPs of cached decoding: the encoder once, cross K/V once, then one row per hypothesis."""
+    d, f, v = config.d_model, config.decoder_ffn_dim, config.vocab_size
+    rows = batch * beams
+    enc = config.encoder_layers * (batch * source * (8 * d * d + 4 * d * f) + 4 * batch * source * source * d)
+    cross_kv = config.decoder_layers * rows * source * 4 * d * d
+    per_step_fixed = (
+        config.decoder_layers * rows * (12 * d * d + 4 * d * f + 4 * source * d) + 2 * rows * d * v
+    )
+    attention = sum(config.decoder_layers * 4 * rows * (t + 1) * d for t in range(new_tokens))
+    return enc + cross_kv + new_tokens * per_step_fixed + attention
+
+
+def decode_step_weight_bytes(model: VanillaTransformerForConditionalGeneration) -> int:
+    """Bytes of weights one cached decoding step must read: the decoder without the cross-attention
+    K/V projections (used once per generation) plus the output projection."""
+    total = 0
+    for name, param in model.model.decoder.named_parameters():
+        if "embed_tokens" in name or "encoder_attn.k_proj" in name or "encoder_attn.v_proj" in name:
+            continue
+        total += param.numel() * param.element_size()
+    return total + model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+
+
+# --------------------------------------------------------------------------------------------------
+# Machine: GEMM peak and memory bandwidth, measured in this run
+# --------------------------------------------------------------------------------------------------
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def measure_gemm_peak(n: int = 2048, repeats: int = 8) -> dict[str, float]:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    torch.matmul(a, b, out=out)
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.matmul(a, b, out=out)
+        rates.append(2 * n**3 / (time.perf_counter() - start))
+    return {"peak_gflops": max(rates) / 1e9, "median_gflops": statistics.median(rates) / 1e9, "n": n}
+
+
+def measure_bandwidth(megabytes: int = 512, repeats: int = 6) -> dict[str, float]:
+    """Copy bandwidth: bytes read + bytes written per second for a tensor far larger than the caches."""
+    src = torch.randn(megabytes * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        rates.append(2 * src.numel() * 4 / (time.perf_counter() - start))
+    return {
+        "best_gbs": max(rates) / 1e9,
+        "median_gbs": statistics.median(rates) / 1e9,
+        "megabytes": megabytes,
+    }
+
+
+def machine_description() -> dict[str, Any]:
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        model = next(
+            (line.split(":", 1)[1].strip() for line in lscpu.splitlines() if "Model name" in line), ""
+        )
+        flags = next(
+            (line.split(":", 1)[1].split() for line in lscpu.splitlines() if line.startswith("Flags")), []
+        )
+    except (OSError, subprocess.CalledProcessError):
+        model, flags = platform.processor(), []
+    simd = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
+    return {
+        "cpu": model,
+        "simd": simd,
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Interleaved timing
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class Timing:
+    seconds: list[float] = field(default_factory=list)
+    load: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def interleave(calls: dict[str, Callable[[], object]], warmup: int, repeats: int) -> dict[str, Timing]:
+    """Run the calls A B A B …: ``warmup`` untimed rounds, then ``repeats`` timed rounds."""
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
+    timings = {name: Timing() for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            gc.collect()
+            load = load_average()
+            start = time.perf_counter()
+            call()
+            timings[name].seconds.append(time.perf_counter() - start)
+            timings[name].load.append(load)
+    return timings
+
+
+def pair_ratios(timings: dict[str, Timing]) -> list[float]:
+    """Per-round speed ratios hf_vanilla / Marian (Marian time ÷ hf_vanilla time; > 1 = faster)."""
+    return [m / o for o, m in zip(timings[OURS].seconds, timings[MARIAN].seconds, strict=True)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Cases
+# --------------------------------------------------------------------------------------------------
+def random_batch(vocab: int, batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(4, vocab, (batch, length), generator=generator)
+
+
+def make_train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Callable[[], float]:
+    """One Trainer-like step: forward with labels, backward, AdamW (the paper's β, ε), zero grads."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+    def step() -> float:
+        model.train()
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return step
+
+
+def make_generate(
+    model: torch.nn.Module, source: torch.Tensor, config: GenerationConfig, new_tokens: int
+) -> Callable[[], torch.Tensor]:
+    mask = torch.ones_like(source)
+
+    def run() -> torch.Tensor:
+        model.eval()
+        with torch.inference_mode():
+            out = model.generate(source, attention_mask=mask, generation_config=config)
+        if out.shape[1] != new_tokens + 1:
+            raise RuntimeError(f"Expected {new_tokens} new tokens, got {out.shape[1] - 1}.")
+        return out
+
+    return run
+
+
+def fmt_ms(timing: Timing, per: float) -> str:
+    values = [s * 1e3 / per for s in timing.seconds]
+    return f"{statistics.median(values):.1f} [{min(values):.1f}–{max(values):.1f}]"
+
+
+def fmt_ratio(ratios: Sequence[float]) -> str:
+    return f"**{statistics.median(ratios):.2f}×** [{min(ratios):.2f}–{max(ratios):.2f}]"
+
+
+@dataclass
+class Row:
+    case: str
+    unit: str
+    timings: dict[str, Timing]
+    steps: float
+    tokens: float
+    flops: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self, peak_gflops: float) -> dict[str, Any]:
+        out: dict[str, Any] = {"case": self.case, "unit": self.unit, **self.extra}
+        for name, timing in self.timings.items():
+            out[name] = {
+                "seconds": timing.seconds,
+                "load": timing.load,
+                "ms_per_step": timing.median * 1e3 / self.steps,
+                "tokens_per_s": self.tokens / timing.median,
+                "pct_peak": 100 * self.flops / timing.median / (peak_gflops * 1e9),
+            }
+        out["ratio"] = pair_ratios(self.timings)
+        return out
+
+
+def run_train(
+    ours: torch.nn.Module,
+    marian: torch.nn.Module,
+    config: VanillaTransformerConfig,
+    args: BenchArguments,
+    repeats: int,
+) -> Row:
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    source = random_batch(config.vocab_size, args.batch_size, args.source_length, generator)
+    labels = random_batch(config.vocab_size, args.batch_size, args.target_length, generator)
+    batch = {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": labels}
+    calls = {OURS: make_train_step(ours, batch), MARIAN: make_train_step(marian, batch)}
+    timings = interleave(calls, args.warmup, repeats)
+    flops = 3 * forward_flops(config, args.batch_size, args.source_length, args.target_length)
+    return Row(
+        f"train step (fwd+bwd+AdamW), {args.batch_size} × {args.source_length}→{args.target_length}",
+        "ms/step",
+        timings,
+        steps=1,
+        tokens=args.batch_size * args.target_length,
+        flops=flops,
+    )
+
+
+def run_generate(
+    ours: torch.nn.Module,
+    marian: torch.nn.Module,
+    config: VanillaTransformerConfig,
+    args: BenchArguments,
+    batch: int,
+    beams: int,
+    new_tokens: int,
+    repeats: int,
+) -> Row:
+    generator = torch.Generator().manual_seed(args.seed + 2)
+    source = random_batch(config.vocab_size, batch, args.source_length, generator)
+    gen_config = generation_config(beams, new_tokens)
+    calls = {
+        OURS: make_generate(ours, source, gen_config, new_tokens),
+        MARIAN: make_generate(marian, source, gen_config, new_tokens),
+    }
+    timings = interleave(calls, args.warmup, repeats)
+    search = "greedy" if beams == 1 else f"beam {beams}"
+    return Row(
+        f"generate {search}, batch {batch}, {args.source_length}→{new_tokens} tokens",
+        "ms/new token",
+        timings,
+        steps=new_tokens,
+        tokens=batch * new_tokens,
+        flops=generate_flops(config, batch, beams, args.source_length, new_tokens),
+        extra={"batch": batch, "beams": beams, "new_tokens": new_tokens},
+    )
+
+
+def _rss_bytes(field_name: str) -> int:
+    """``VmRSS`` (resident now) or ``VmHWM`` (resident high-water mark) of this process, in bytes."""
+    with open("/proc/self/status", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field_name} not found in /proc/self/status")
+
+
+def memory_child(args: BenchArguments) -> None:
+    """Peak resident memory of training steps of one model, in a fresh process (printed as JSON).
+
+    torch's CPU allocator keeps no statistics and tracemalloc sees only Python objects, so the
+    high-water mark of the process's resident set is the measure: it sees weights, gradients, AdamW
+    state, activations and allocator slack alike. After the imports the mark is reset (Linux
+    ``/proc/self/clear_refs``), so the number is what building the model and training it add,
+    the same accounting for both models.
+    """
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+        handle.write("5")  # reset VmHWM to the current resident set
+    baseline = _rss_bytes("VmRSS")
+    ours_config, marian_config = build_configs(args.size)
+    model = (
+        build_ours(ours_config, args.seed) if args.memory_child == OURS else build_marian(marian_config, None)
+    )
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    source = random_batch(ours_config.vocab_size, args.batch_size, args.source_length, generator)
+    labels = random_batch(ours_config.vocab_size, args.batch_size, args.target_length, generator)
+    batch = {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": labels}
+    after_build = _rss_bytes("VmHWM")
+    step = make_train_step(model, batch)
+    for _ in range(3):
+        step()
+    peak = _rss_bytes("VmHWM")
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    print(json.dumps({"baseline": baseline, "after_build": after_build, "peak": peak, "param_bytes": params}))
+
+
+def run_memory(args: BenchArguments) -> dict[str, dict[str, int]]:
+    results = {}
+    for name in (OURS, MARIAN):
+        command = [sys.executable, os.path.abspath(__file__), "--memory_child", name, "--size", args.size]
+        command += ["--batch_size", str(args.batch_size), "--source_length", str(args.source_length)]
+        command += ["--target_length", str(args.target_length), "--seed", str(args.seed)]
+        if args.threads is not None:
+            command += ["--threads", str(args.threads)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"Memory measurement of {name} failed:\n{done.stderr[-3000:]}")
+        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
+
+
+# --------------------------------------------------------------------------------------------------
+# Real data: one Multi30k epoch, token-budget batches vs sentence-count batches
+# --------------------------------------------------------------------------------------------------
+def read_gz_lines(path: str) -> list[str]:
+
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        return [line.strip() for line in handle]
+
+
+def multi30k_examples(args: BenchArguments, vocab_size: int) -> list[tuple[list[int], list[int]]]:
+    """Tokenised (source, target) id lists ending in ``</s>``, from the project's byte-level BPE
+    (``hf_vanilla.tokenization``) trained on the training text, in a seeded random order."""
+    from hf_vanilla.tokenization import train_bpe_tokenizer
+
+    folder = args.multi30k or ""
+    langs = (args.multi30k_source, args.multi30k_target)
+    paths = {lang: os.path.join(folder, f"train.{lang}.gz") for lang in langs}
+    for path in paths.values():
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"--multi30k {folder!r}: {path} does not exist (expected train.{{de,en}}.gz)."
+            )
+    source_lines, target_lines = (read_gz_lines(paths[lang]) for lang in langs)
+    tokenizer = train_bpe_tokenizer([source_lines + target_lines], vocab_size=min(vocab_size, 8000))
+    pairs = list(zip(tokenizer(source_lines)["input_ids"], tokenizer(target_lines)["input_ids"], strict=True))
+    random.Random(args.seed).shuffle(pairs)
+    if args.multi30k_sentences is not None:
+        pairs = pairs[: args.multi30k_sentences]
+    return pairs
+
+
+def collate(pairs: Sequence[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
+    """``DataCollatorForSeq2Seq``'s result: pad to the longest in the batch, labels padded with -100."""
+    s = max(len(src) for src, _ in pairs)
+    t = max(len(tgt) for _, tgt in pairs)
+    input_ids = torch.full((len(pairs), s), PAD)
+    attention_mask = torch.zeros((len(pairs), s), dtype=torch.long)
+    labels = torch.full((len(pairs), t), -100)
+    for row, (src, tgt) in enumerate(pairs):
+        input_ids[row, : len(src)] = torch.tensor(src)
+        attention_mask[row, : len(src)] = 1
+        labels[row, : len(tgt)] = torch.tensor(tgt)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def sentence_batches(pairs: Sequence[tuple[list[int], list[int]]], batch_size: int) -> list[list[int]]:
+    """The Trainer's default: the (already shuffled) epoch in consecutive groups of ``batch_size``."""
+    return [list(range(i, min(i + batch_size, len(pairs)))) for i in range(0, len(pairs), batch_size)]
+
+
+def token_budget_batches(
+    pairs: Sequence[tuple[list[int], list[int]]], max_tokens: int, seed: int
+) -> list[list[int]]:
+    """hf_vanilla's batches: ``TokenBudgetBatchSampler`` (length-sorted, ≤ ``max_tokens`` padded
+    source + target tokens per batch, batch order shuffled)."""
+    from hf_vanilla.batching import TokenBudgetBatchSampler
+
+    sampler = TokenBudgetBatchSampler(
+        [len(src) for src, _ in pairs], [len(tgt) for _, tgt in pairs], max_tokens, seed=seed
+    )
+    return list(sampler)
+
+
+def run_multi30k(
+    ours: torch.nn.Module, marian: torch.nn.Module, config: VanillaTransformerConfig, args: BenchArguments
+) -> dict[str, Any]:
+    pairs = multi30k_examples(args, config.vocab_size)
+    mean_len = statistics.fmean(len(src) + len(tgt) for src, tgt in pairs)
+    max_tokens = round(args.batch_size * mean_len)  # ≈ the same sentences per step as the Trainer batches
+    plans = {
+        OURS: [collate([pairs[i] for i in b]) for b in token_budget_batches(pairs, max_tokens, args.seed)],
+        MARIAN: [collate([pairs[i] for i in b]) for b in sentence_batches(pairs, args.batch_size)],
+    }
+    stats = {
+        name: {
+            "seconds": 0.0,
+            "real_target_tokens": 0,
+            "padded_target_tokens": 0,
+            "padded_source_tokens": 0,
+            "real_source_tokens": 0,
+            "steps": len(plan),
+            "load": [],
+        }
+        for name, plan in plans.items()
+    }
+    models = {OURS: ours, MARIAN: marian}
+    optimizers = {
+        name: torch.optim.AdamW(models[name].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        for name in models
+    }
+    for name, model in models.items():  # warm-up: one untimed step each (allocates the AdamW state)
+        model.train()
+        model(**plans[name][0]).loss.backward()
+        optimizers[name].step()
+        optimizers[name].zero_grad(set_to_none=True)
+    for index in range(max(len(plan) for plan in plans.values())):
+        for name, plan in plans.items():
+            if index >= len(plan):
+                continue
+            batch = plan[index]
+            stats[name]["load"].append(load_average())
+            start = time.perf_counter()
+            model = models[name]
+            loss = model(**batch).loss
+            loss.backward()
+            optimizers[name].step()
+            optimizers[name].zero_grad(set_to_none=True)
+            stats[name]["seconds"] += time.perf_counter() - start
+            stats[name]["real_target_tokens"] += int((batch["labels"] != -100).sum())
+            stats[name]["padded_target_tokens"] += batch["labels"].numel()
+            stats[name]["real_source_tokens"] += int(batch["attention_mask"].sum())
+            stats[name]["padded_source_tokens"] += batch["input_ids"].numel()
+    for values in stats.values():
+        values["real_target_tokens_per_s"] = values["real_target_tokens"] / values["seconds"]
+    return {"sentences": len(pairs), "max_tokens": max_tokens, "sentence_batch": args.batch_size, **stats}
+
+
+# --------------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------------
+def print_report(
+    args: BenchArguments,
+    machine: dict[str, Any],
+    peak: dict[str, float],
+    bandwidth: dict[str, float],
+    rows: list[Row],
+    memory: dict[str, dict[str, int]] | None,
+    floor_ms: float | None,
+    floor_bytes: int,
+    multi30k: dict[str, Any] | None,
+    check: dict[str, Any],
+) -> None:
+    s = SIZES[args.size]
+    print(f"\n## hf_vanilla vs MarianMTModel — size {args.size}")
+    print(
+        f"\nModel: vocab {s['vocab_size']} shared, {s['layers']}+{s['layers']} layers, d_model {s['d_model']}, "
+        f"{s['heads']} heads, d_ff {s['ffn']}, fp32, SDPA, dropout 0.1 in training; both with attention "
+        f"biases and the same weights (max |Δlogit| {check['max_abs_logit_diff']:.1e}, same beam output: "
+        f"{check['same_beam_output']})."
+    )
+    print(
+        f"Machine: {machine['cpu']} ({machine['simd']}), {machine['logical_cpus']} logical CPUs, torch "
+        f"{machine['torch']} with {machine['torch_threads']} threads; fp32 GEMM peak {peak['peak_gflops']:.0f} "
+        f"GFLOP/s (median {peak['median_gflops']:.0f}, {peak['n']}³ matmul); copy bandwidth "
+        f"{bandwidth['best_gbs']:.1f} GB/s (median {bandwidth['median_gbs']:.1f}); load at start: {machine['uptime']}."
+    )
+    print(
+        "\nEach cell: median [min–max] over the timed repeats; the ratio is hf_vanilla's speed over Marian's, "
+        "the median [min–max] of back-to-back pairs; % peak = useful matmul FLOP/s ÷ the GEMM peak above.\n"
+    )
+    print(
+        f"| case | unit | {OURS} | {MARIAN} | {OURS} tokens/s | {MARIAN} tokens/s | % peak ({OURS} / {MARIAN}) "
+        "| speed ratio | load (1 min) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    peak_flops = peak["peak_gflops"] * 1e9
+    for row in rows:
+        o, m = row.timings[OURS], row.timings[MARIAN]
+        loads = o.load + m.load
+        print(
+            f"| {row.case} | {row.unit} | {fmt_ms(o, row.steps)} | {fmt_ms(m, row.steps)} "
+            f"| {row.tokens / o.median:.0f} | {row.tokens / m.median:.0f} "
+            f"| {100 * row.flops / o.median / peak_flops:.0f} % / {100 * row.flops / m.median / peak_flops:.0f} % "
+            f"| {fmt_ratio(pair_ratios(row.timings))} | {min(loads):.2f}–{max(loads):.2f} |"
+        )
+    if memory is not None:
+        o, m = (memory[name]["peak"] - memory[name]["baseline"] for name in (OURS, MARIAN))
+        print(
+            f"| peak training memory (RSS high-water mark above the imports, fresh process per model) | MB "
+            f"| {o / 2**20:.0f} | {m / 2**20:.0f} | | | | **{o / m:.2f}×** (memory ratio, lower is better) | |"
+        )
+    if floor_ms is not None:
+        greedy = next(
+            (row for row in rows if row.extra.get("beams") == 1 and row.extra.get("batch") == 1), None
+        )
+        line = (
+            f"\nMemory-bandwidth floor of greedy batch-1 decoding: {floor_bytes / 1e6:.0f} MB of weights per step "
+            f"÷ {bandwidth['best_gbs']:.1f} GB/s = **{floor_ms:.2f} ms/step**"
+        )
+        if greedy is not None:
+            line += (
+                f"; measured {OURS} {greedy.timings[OURS].median * 1e3 / greedy.steps:.2f} ms/step "
+                f"= {greedy.timings[OURS].median * 1e3 / greedy.steps / floor_ms:.2f}× the floor, {MARIAN} "
+                f"{greedy.timings[MARIAN].median * 1e3 / greedy.steps / floor_ms:.2f}×."
+            )
+        print(line)
+    if multi30k is not None:
+        print(
+            f"\nReal data: {multi30k['sentences']} shuffled Multi30k pairs ({args.multi30k_source}→"
+            f"{args.multi30k_target}, BPE, one epoch each), train steps interleaved. {OURS}: token-budget batches "
+            f"(≤ {multi30k['max_tokens']} padded source + target tokens); {MARIAN}: Trainer-style batches of "
+            f"{multi30k['sentence_batch']} sentences in random order, padded to the longest.\n"
+        )
+        print(
+            "| model | steps | real target tokens | target padding | source padding | seconds | real target tokens/s |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for name in (OURS, MARIAN):
+            r = multi30k[name]
+            print(
+                f"| {name} | {r['steps']} | {r['real_target_tokens']} "
+                f"| {100 * (1 - r['real_target_tokens'] / r['padded_target_tokens']):.0f} % "
+                f"| {100 * (1 - r['real_source_tokens'] / r['padded_source_tokens']):.0f} % "
+                f"| {r['seconds']:.1f} | {r['real_target_tokens_per_s']:.0f} |"
+            )
+        ratio = multi30k[OURS]["real_target_tokens_per_s"] / multi30k[MARIAN]["real_target_tokens_per_s"]
+        print(f"\nReal target tokens/s, {OURS} / {MARIAN}: **{ratio:.2f}×**.")
+    print(f"\nLoad at the end: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    (args,) = HfArgumentParser(BenchArguments).parse_args_into_dataclasses(args=argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.memory_child is not None:
+        memory_child(args)
+        return
+    cases = {c.strip() for c in args.cases.split(",") if c.strip()}
+    unknown = cases - {"train", "generate", "linear", "memory", "multi30k"}
+    if unknown:
+        raise ValueError(
+            f"Unknown --cases {sorted(unknown)}: choose from train, generate, linear, memory, multi30k."
+        )
+    if args.multi30k is not None:
+        cases.add("multi30k")
+    elif "multi30k" in cases:
+        raise ValueError(
+            "The multi30k case needs --multi30k DIR (the folder with train.de.gz and train.en.gz)."
+        )
+    repeats = args.repeats or (3 if args.quick else 5)
+    new_tokens = args.new_tokens or (16 if args.quick else 64)
+    lengths = [int(x) for x in (args.linear_lengths or ("16,64" if args.quick else "16,64,256")).split(",")]
+
+    machine = machine_description()
+    print(f"# {machine['uptime']}", flush=True)
+    peak = measure_gemm_peak()
+    bandwidth = measure_bandwidth()
+    ours_config, marian_config = build_configs(args.size)
+    ours = build_ours(ours_config, args.seed)
+    marian = build_marian(marian_config, ours)
+    check = check_same_function(ours, marian, args.seed)
+    rows: list[Row] = []
+
+    def progress(row: Row) -> None:
+        r = pair_ratios(row.timings)
+        print(
+            f"# {row.case}: {OURS} {row.timings[OURS].median * 1e3 / row.steps:.1f}, {MARIAN} "
+            f"{row.timings[MARIAN].median * 1e3 / row.steps:.1f} {row.unit}, ratio {statistics.median(r):.2f} "
+            f"(load {load_average():.2f})",
+            flush=True,
+        )
+
+    if "generate" in cases:
+        for batch, beams in ((1, 1), (1, 4), (args.batch_size, 1), (args.batch_size, 4)):
+            rows.append(run_generate(ours, marian, ours_config, args, batch, beams, new_tokens, repeats))
+            progress(rows[-1])
+    if "linear" in cases:
+        for n in lengths:
+            if "generate" in cases and n == new_tokens:
+                continue
+            rows.append(run_generate(ours, marian, ours_config, args, 1, 1, n, repeats))
+            progress(rows[-1])
+    if "train" in cases:
+        rows.insert(0, run_train(ours, marian, ours_config, args, repeats))
+        progress(rows[0])
+    multi30k = run_multi30k(ours, marian, ours_config, args) if "multi30k" in cases else None
+    memory = run_memory(args) if "memory" in cases else None
+    floor_bytes = decode_step_weight_bytes(ours)
+    floor_ms = floor_bytes / (bandwidth["best_gbs"] * 1e9) * 1e3
+    print_report(args, machine, peak, bandwidth, rows, memory, floor_ms, floor_bytes, multi30k, check)
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as handle:
+            json.dump(
+                {
+                    "args": vars(args),
+                    "machine": machine,
+                    "gemm": peak,
+                    "bandwidth": bandwidth,
+                    "check": check,
+                    "rows": [row.as_dict(peak["peak_gflops"]) for row in rows],
+                    "memory": memory,
+                    "floor_ms": floor_ms,
+                    "floor_bytes": floor_bytes,
+                    "multi30k": multi30k,
+                },
+                handle,
+                indent=1,
+            )
+
+
+if __name__ == "__main__":
+    main()
