@@ -26,6 +26,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
+from hf_vanilla.checkpointing import atomic_directory, verify_safetensors_file
+
 logger = logging.getLogger(__name__)
 
 #: Trainer checkpoint folders: ``checkpoint-<global step>``.
@@ -96,6 +98,7 @@ def load_safetensors_state_dict(checkpoint: str | Path) -> dict[str, torch.Tenso
         )
     state: dict[str, torch.Tensor] = {}
     for file in files:
+        verify_safetensors_file(file)  # truncated or damaged: an error naming the file
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             for key in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
                 state[key] = handle.get_tensor(key)
@@ -189,18 +192,18 @@ def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Pat
     newest = paths[-1]
     model = AutoModelForSeq2SeqLM.from_pretrained(newest)
     _load_into_model(model, averaged, str(newest))
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir)
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (newest / name).is_file():
-            shutil.copy2(newest / name, output_dir / name)
-            copied.append(name)
-    if not copied:
-        logger.warning("%s has no tokenizer files; the averaged model folder has none either.", newest)
-    (output_dir / "averaged_checkpoints.json").write_text(
-        json.dumps({"averaged_checkpoints": [str(p) for p in paths]}, indent=2) + "\n", encoding="utf-8"
-    )
+    with atomic_directory(output_dir) as staged:  # an old average stays whole until the new one is
+        model.save_pretrained(staged)
+        copied = []
+        for name in TOKENIZER_FILES:
+            if (newest / name).is_file():
+                shutil.copy2(newest / name, staged / name)
+                copied.append(name)
+        if not copied:
+            logger.warning("%s has no tokenizer files; the averaged model folder has none either.", newest)
+        (staged / "averaged_checkpoints.json").write_text(
+            json.dumps({"averaged_checkpoints": [str(p) for p in paths]}, indent=2) + "\n", encoding="utf-8"
+        )
     logger.info("Wrote the average of %d checkpoints to %s", len(paths), output_dir)
     return output_dir
 

@@ -22,6 +22,7 @@ Defaults are the paper's, all overridable on the command line (``scripts/train.p
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 import sys
@@ -44,10 +45,16 @@ from transformers import (
 )
 from transformers.integrations import is_tensorboard_available
 from transformers.optimization import _get_inverse_sqrt_schedule_lr_lambda
-from transformers.trainer_utils import get_last_checkpoint
 
 from hf_vanilla.averaging import average_last_checkpoints, checkpoint_step
 from hf_vanilla.batching import TokenBudgetSeq2SeqTrainer
+from hf_vanilla.checkpointing import (
+    ResilientTrainerMixin,
+    SaveOnSignalCallback,
+    last_complete_checkpoint,
+    load_pretrained_checked,
+    verify_checkpoint,
+)
 from hf_vanilla.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from hf_vanilla.data import DataArguments, load_from_args
 from hf_vanilla.evaluation import compute_bleu_chrf, load_metric
@@ -289,7 +296,7 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
 # --------------------------------------------------------------------------------------------------
 # The Trainer
 # --------------------------------------------------------------------------------------------------
-class PaperSeq2SeqTrainer(TokenBudgetSeq2SeqTrainer):
+class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
     """``Seq2SeqTrainer`` with token-budget batches (``args.max_tokens``, §5.1, see
     :mod:`hf_vanilla.batching`), Eq. (3) exactly, and the model's generation defaults kept intact.
 
@@ -359,6 +366,24 @@ class PaperSeq2SeqTrainer(TokenBudgetSeq2SeqTrainer):
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
         finally:
             self.model.generation_config = saved
+
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+        """Score every evaluation sentence exactly once under data parallelism.
+
+        ``Seq2SeqTrainer.evaluate``/``predict`` (transformers 5.24) gather with ``accelerator.gather``,
+        which keeps the examples Accelerate repeats to even out the last batch over the processes: with
+        N processes and an evaluation set that is not a multiple of N × batch size, the first sentences
+        would count twice in BLEU. ``gather_for_metrics`` drops the repeats; it is wrong only with
+        ``num_return_sequences > 1``, which BLEU evaluation does not use.
+        """
+        returns = getattr(self, "_gen_kwargs", {}).get(
+            "num_return_sequences", self.model.generation_config.num_return_sequences
+        )
+        if returns in (None, 1):
+            self.gather_function = functools.partial(
+                self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
+            )
+        return super().evaluation_loop(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -446,13 +471,13 @@ def resolve_resume_checkpoint(resume_from_checkpoint: str | None, output_dir: st
             )
         return None
     if str(resume_from_checkpoint).lower() in ("last", "true"):
-        last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+        last = last_complete_checkpoint(output_dir) if output_dir.is_dir() else None  # whole ones only
         if last is None:
             raise FileNotFoundError(
                 f"--resume_from_checkpoint {resume_from_checkpoint}: no checkpoint-<step> folder in "
                 f"{str(output_dir)!r}. Check --output_dir, or drop --resume_from_checkpoint to start afresh."
             )
-        return last
+        return str(last)
     path = Path(resume_from_checkpoint)
     if not path.is_dir():
         raise FileNotFoundError(
@@ -464,6 +489,7 @@ def resolve_resume_checkpoint(resume_from_checkpoint: str | None, output_dir: st
             f"--resume_from_checkpoint {str(path)!r} is not a Trainer checkpoint (no trainer_state.json). To "
             "start from saved weights without the optimizer state, use --model_name_or_path instead."
         )
+    verify_checkpoint(path)  # whole, and plain tensor data only: an error naming the file otherwise
     return str(path)
 
 
@@ -494,7 +520,7 @@ def build_model(
     one; ``config.label_smoothing`` is set to ``--label_smoothing`` either way."""
     saved = resume_checkpoint or model_args.model_name_or_path
     if saved is not None:
-        model = AutoModelForSeq2SeqLM.from_pretrained(saved)
+        model = load_pretrained_checked(saved)  # a damaged file: an error naming it
         model.config.label_smoothing = model_args.label_smoothing
     else:
         config = VanillaTransformerConfig.from_preset(
@@ -605,6 +631,8 @@ def run_training(
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
         compute_metrics=build_compute_metrics(tokenizer) if training_args.predict_with_generate else None,
     )
+    if training_args.do_train:
+        trainer.add_callback(SaveOnSignalCallback())  # preemption: save the current step, exit 143
     results: dict[str, float] = {}
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume)

@@ -197,11 +197,6 @@ def test_two_processes_match_one_process_with_the_same_global_batch(
     _check_matches_one_process(*sentence_batches)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Seq2SeqTrainer.evaluate (transformers 5.24) gathers with accelerator.gather, keeping the sentences "
-    "Accelerate repeats to even out the last batch; needs PaperSeq2SeqTrainer to gather_for_metrics (issue 5)",
-)
 def test_generation_evaluation_sees_every_sentence_once(sentence_batches: tuple[Run, Run]) -> None:
     """BLEU over 2 processes scores each validation sentence exactly once, in order, like 1 process."""
     double, single = sentence_batches
