@@ -52,7 +52,7 @@ from torch.nn import functional as F
 from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -198,6 +198,88 @@ def residual_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> t
 
 
 # --------------------------------------------------------------------------------------------------
+# Incremental decoding: a self-attention cache that grows in place
+# --------------------------------------------------------------------------------------------------
+def _growable_layer(cache: Cache, layer_idx: int) -> DynamicLayer | None:
+    """The layer of a plain ``DynamicCache`` (no offloading), else None (then HF's own update is used)."""
+    if type(cache) is not DynamicCache or cache.offloading or layer_idx >= len(cache.layers):
+        return None
+    layer = cache.layers[layer_idx]
+    return layer if type(layer) is DynamicLayer else None
+
+
+def _store_with_room(layer: DynamicLayer, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+    """Copy (B, H, P, Dh) keys/values into new buffers of ``capacity`` positions; the layer then holds
+    (B, H, P, Dh) views of them, and the buffers are kept on the layer to be filled in place."""
+    shape = (keys.shape[0], keys.shape[1], capacity, keys.shape[3])
+    buffers = (keys.new_empty(shape), values.new_empty(shape))
+    length = keys.shape[2]
+    buffers[0][:, :, :length].copy_(keys)
+    buffers[1][:, :, :length].copy_(values)
+    layer.keys, layer.values = buffers[0][:, :, :length], buffers[1][:, :, :length]
+    layer._hf_vanilla_buffers = buffers
+
+
+def _room_for(layer: DynamicLayer, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The layer's buffers if its keys/values are still views of them (no one replaced them) with room
+    for ``length`` positions."""
+    buffers = getattr(layer, "_hf_vanilla_buffers", None)
+    if buffers is None or layer.keys is None or layer.keys.dim() != 4:
+        return None
+    for view, buffer in zip((layer.keys, layer.values), buffers, strict=True):
+        if view.data_ptr() != buffer.data_ptr() or view.stride() != buffer.stride() or view.shape[0] != batch:
+            return None
+    return buffers if length <= buffers[0].shape[2] else None
+
+
+def update_self_attention_cache(
+    cache: Cache, key: torch.Tensor, value: torch.Tensor, layer_idx: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append (B, H, T, Dh) keys/values to the cache and return all (B, H, P + T, Dh) of them.
+
+    ``DynamicLayer.update`` concatenates, copying the whole cache at every step (O(P) per token,
+    O(N²) per sentence). Here the cache lives in buffers with spare positions (capacity doubles when
+    full), so a step writes only its own T positions; the layer's ``keys``/``values`` stay plain
+    (B, H, P + T, Dh) tensors (views) for everything else in transformers.
+    """
+    layer = _growable_layer(cache, layer_idx)
+    if layer is None:
+        return cache.update(key, value, layer_idx)
+    past = layer.get_seq_length()
+    total = past + key.shape[2]
+    buffers = _room_for(layer, key.shape[0], total)
+    if buffers is None:
+        if not layer.is_initialized:
+            layer.lazy_initialization(key, value)
+        old_keys = layer.keys if past else key[:, :, :0]
+        old_values = layer.values if past else value[:, :, :0]
+        _store_with_room(layer, old_keys, old_values, capacity=2 * total if past else total + 16)
+        buffers = layer._hf_vanilla_buffers
+    buffers[0][:, :, past:total].copy_(key)
+    buffers[1][:, :, past:total].copy_(value)
+    layer.keys, layer.values = buffers[0][:, :, :total], buffers[1][:, :, :total]
+    return layer.keys, layer.values
+
+
+def reorder_self_attention_cache(cache: Cache, beam_idx: torch.Tensor) -> None:
+    """Beam search: gather the surviving hypotheses' rows straight into buffers with room for the
+    next step, so that reordering and the next append together copy the cache once, not twice."""
+    for layer_idx in range(len(cache.layers)):
+        layer = _growable_layer(cache, layer_idx)
+        if layer is None or layer.get_seq_length() == 0:
+            cache.layers[layer_idx].reorder_cache(beam_idx)
+            continue
+        length = layer.keys.shape[2]
+        shape = (beam_idx.shape[0], layer.keys.shape[1], length + 1, layer.keys.shape[3])
+        buffers = (layer.keys.new_empty(shape), layer.values.new_empty(shape))
+        index = beam_idx.to(layer.keys.device)
+        torch.index_select(layer.keys, 0, index, out=buffers[0][:, :, :length])
+        torch.index_select(layer.values, 0, index, out=buffers[1][:, :, :length])
+        layer.keys, layer.values = buffers[0][:, :, :length], buffers[1][:, :, :length]
+        layer._hf_vanilla_buffers = buffers
+
+
+# --------------------------------------------------------------------------------------------------
 # §3.2.1 Scaled dot-product attention, §3.2.2 multi-head attention
 # --------------------------------------------------------------------------------------------------
 def eager_attention_forward(
@@ -298,7 +380,9 @@ class VanillaTransformerAttention(nn.Module):
                     key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
                     cache.is_updated[self.layer_idx] = True
                 else:
-                    key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
+                    key, value = update_self_attention_cache(
+                        cache.self_attention_cache, key, value, self.layer_idx
+                    )
         groups = batch // key.shape[0]  # hypotheses per sentence; 1 except in grouped cross-attention
         query = query.view(batch // groups, groups * length, self.num_heads, self.head_dim).transpose(1, 2)
 
@@ -983,7 +1067,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         """Beam search: the self-attention cache follows the surviving hypotheses. The cross-attention
         cache has one entry per sentence, shared by its hypotheses (which never move to another
         sentence), so it is reordered only when it was built from an expanded encoder output."""
-        cache.self_attention_cache.reorder_cache(beam_idx)
+        reorder_self_attention_cache(cache.self_attention_cache, beam_idx)
         cross = cache.cross_attention_cache
         if cross.get_seq_length() > 0 and cross.layers[0].keys.shape[0] == beam_idx.shape[0]:
             cross.reorder_cache(beam_idx)
