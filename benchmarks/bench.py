@@ -97,6 +97,13 @@ class BenchArguments:
     threads: int | None = field(
         default=None, metadata={"help": "torch threads (default: torch's choice, one per core)."}
     )
+    clock: str = field(
+        default="wall",
+        metadata={
+            "help": "wall (elapsed time) or cpu (this process's CPU time: robust to other processes on a shared "
+            "machine when used with --threads 1)."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "Seed of the weights, the inputs and the shuffle."})
     json_out: str | None = field(
         default=None, metadata={"help": "Also write all measurements to this JSON file."}
@@ -336,8 +343,11 @@ class Timing:
         return statistics.median(self.seconds)
 
 
-def interleave(calls: dict[str, Callable[[], object]], warmup: int, repeats: int) -> dict[str, Timing]:
+def interleave(
+    calls: dict[str, Callable[[], object]], warmup: int, repeats: int, clock: str = "wall"
+) -> dict[str, Timing]:
     """Run the calls A B A B …: ``warmup`` untimed rounds, then ``repeats`` timed rounds."""
+    timer = time.process_time if clock == "cpu" else time.perf_counter
     for _ in range(warmup):
         for call in calls.values():
             call()
@@ -346,9 +356,9 @@ def interleave(calls: dict[str, Callable[[], object]], warmup: int, repeats: int
         for name, call in calls.items():
             gc.collect()
             load = load_average()
-            start = time.perf_counter()
+            start = timer()
             call()
-            timings[name].seconds.append(time.perf_counter() - start)
+            timings[name].seconds.append(timer() - start)
             timings[name].load.append(load)
     return timings
 
@@ -441,7 +451,7 @@ def run_train(
     labels = random_batch(config.vocab_size, args.batch_size, args.target_length, generator)
     batch = {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": labels}
     calls = {OURS: make_train_step(ours, batch), MARIAN: make_train_step(marian, batch)}
-    timings = interleave(calls, args.warmup, repeats)
+    timings = interleave(calls, args.warmup, repeats, args.clock)
     flops = 3 * forward_flops(config, args.batch_size, args.source_length, args.target_length)
     return Row(
         f"train step (fwd+bwd+AdamW), {args.batch_size} × {args.source_length}→{args.target_length}",
@@ -470,7 +480,7 @@ def run_generate(
         OURS: make_generate(ours, source, gen_config, new_tokens),
         MARIAN: make_generate(marian, source, gen_config, new_tokens),
     }
-    timings = interleave(calls, args.warmup, repeats)
+    timings = interleave(calls, args.warmup, repeats, args.clock)
     search = "greedy" if beams == 1 else f"beam {beams}"
     return Row(
         f"generate {search}, batch {batch}, {args.source_length}→{new_tokens} tokens",
@@ -631,19 +641,20 @@ def run_multi30k(
         model(**plans[name][0]).loss.backward()
         optimizers[name].step()
         optimizers[name].zero_grad(set_to_none=True)
+    timer = time.process_time if args.clock == "cpu" else time.perf_counter
     for index in range(max(len(plan) for plan in plans.values())):
         for name, plan in plans.items():
             if index >= len(plan):
                 continue
             batch = plan[index]
             stats[name]["load"].append(load_average())
-            start = time.perf_counter()
+            start = timer()
             model = models[name]
             loss = model(**batch).loss
             loss.backward()
             optimizers[name].step()
             optimizers[name].zero_grad(set_to_none=True)
-            stats[name]["seconds"] += time.perf_counter() - start
+            stats[name]["seconds"] += timer() - start
             stats[name]["real_target_tokens"] += int((batch["labels"] != -100).sum())
             stats[name]["padded_target_tokens"] += batch["labels"].numel()
             stats[name]["real_source_tokens"] += int(batch["attention_mask"].sum())
@@ -683,7 +694,7 @@ def print_report(
         f"{bandwidth['best_gbs']:.1f} GB/s (median {bandwidth['median_gbs']:.1f}); load at start: {machine['uptime']}."
     )
     print(
-        "\nEach cell: median [min–max] over the timed repeats; the ratio is hf_vanilla's speed over Marian's, "
+        f"\nClock: {args.clock} time. Each cell: median [min–max] over the timed repeats; the ratio is hf_vanilla's speed over Marian's, "
         "the median [min–max] of back-to-back pairs; % peak = useful matmul FLOP/s ÷ the GEMM peak above.\n"
     )
     print(
@@ -765,6 +776,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise ValueError(
             "The multi30k case needs --multi30k DIR (the folder with train.de.gz and train.en.gz)."
         )
+    if args.clock not in ("wall", "cpu"):
+        raise ValueError(f"--clock must be wall or cpu, got {args.clock!r}.")
     repeats = args.repeats or (3 if args.quick else 5)
     new_tokens = args.new_tokens or (16 if args.quick else 64)
     lengths = [int(x) for x in (args.linear_lengths or ("16,64" if args.quick else "16,64,256")).split(",")]
