@@ -204,6 +204,10 @@ def _training_arguments(args: DemoArguments) -> PaperTrainingArguments:
     )
 
 
+def _threads(n: int) -> str:
+    return f"{n} CPU thread{'' if n == 1 else 's'}"
+
+
 def _write_translations(path: Path, pairs: list[dict[str, str]], hypotheses: list[str]) -> None:
     lines = ["source\treference\ttranslation\tcorrect"]
     lines += [
@@ -220,7 +224,7 @@ def run_demo(args: DemoArguments) -> dict[str, Any]:
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     transformers.set_seed(args.seed)
-    logger.info("torch uses %d CPU threads (%d cores visible)", torch.get_num_threads(), os.cpu_count() or 0)
+    logger.info("torch uses %s (%d cores visible)", _threads(torch.get_num_threads()), os.cpu_count() or 0)
 
     data = demo_data(args)
     logger.info(
@@ -330,9 +334,9 @@ def run_demo(args: DemoArguments) -> dict[str, Any]:
         model_name="hf_vanilla demo: a small Transformer for English → German numbers",
         num_parameters=model.num_parameters(),
         training_summary=(
-            f"Trained for {trainer.state.global_step} steps ({train_seconds:.0f} s on {torch.get_num_threads()} "
-            f"CPU threads) with `python -m hf_vanilla.demo`; exact match on {len(pairs)} held-out numbers: "
-            f"{exact_match:.1%}."
+            f"Trained for {trainer.state.global_step} steps ({train_seconds:.0f} s on "
+            f"{_threads(torch.get_num_threads())}) with `python -m hf_vanilla.demo`; exact match on "
+            f"{len(pairs)} held-out numbers: {exact_match:.1%}."
         ),
         example_source="three thousand four hundred twenty-one",
     )
@@ -353,7 +357,7 @@ def report(results: dict[str, Any], output_dir: str) -> str:
         f"  chrF         {results['chrf']:.2f}",
         f"  decoding     {results['decoding']['description']}",
         f"Training: {results['steps']} steps in {results['train_seconds']:.0f} s; total {results['total_seconds']:.0f} s "
-        f"on {results['threads']} CPU threads",
+        f"on {_threads(results['threads'])}",
         "Sample translations of held-out numbers:",
     ]
     for row in results["samples"]:
