@@ -690,8 +690,10 @@ def print_report(
     print(
         f"Machine: {machine['cpu']} ({machine['simd']}), {machine['logical_cpus']} logical CPUs, torch "
         f"{machine['torch']} with {machine['torch_threads']} threads; fp32 GEMM peak {peak['peak_gflops']:.0f} "
-        f"GFLOP/s (median {peak['median_gflops']:.0f}, {peak['n']}³ matmul); copy bandwidth "
-        f"{bandwidth['best_gbs']:.1f} GB/s (median {bandwidth['median_gbs']:.1f}); load at start: {machine['uptime']}."
+        f"GFLOP/s (best of the start and the end of the run; medians {peak['median_gflops']:.0f} and "
+        f"{peak.get('end_median_gflops', float('nan')):.0f}; {peak['n']}³ matmul); copy bandwidth "
+        f"{bandwidth['best_gbs']:.1f} GB/s (medians {bandwidth['median_gbs']:.1f} and "
+        f"{bandwidth.get('end_median_gbs', float('nan')):.1f}); load at start: {machine['uptime']}."
     )
     print(
         f"\nClock: {args.clock} time. Each cell: median [min–max] over the timed repeats; the ratio is hf_vanilla's speed over Marian's, "
@@ -816,6 +818,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         progress(rows[0])
     multi30k = run_multi30k(ours, marian, ours_config, args) if "multi30k" in cases else None
     memory = run_memory(args) if "memory" in cases else None
+    # The machine may be shared: measure the peak and the bandwidth again at the end, keep the best.
+    peak_end, bandwidth_end = measure_gemm_peak(), measure_bandwidth()
+    peak = {
+        **peak,
+        "peak_gflops": max(peak["peak_gflops"], peak_end["peak_gflops"]),
+        "end_median_gflops": peak_end["median_gflops"],
+    }
+    bandwidth = {
+        **bandwidth,
+        "best_gbs": max(bandwidth["best_gbs"], bandwidth_end["best_gbs"]),
+        "end_median_gbs": bandwidth_end["median_gbs"],
+    }
     floor_bytes = decode_step_weight_bytes(ours)
     floor_ms = floor_bytes / (bandwidth["best_gbs"] * 1e9) * 1e3
     print_report(args, machine, peak, bandwidth, rows, memory, floor_ms, floor_bytes, multi30k, check)
