@@ -15,8 +15,8 @@ Deviations from the paper (each a deliberate, documented choice):
    row of the padding token is zero. ``config.init_std`` overrides the embedding standard deviation.
 2. Decoding starts from ``decoder_start_token_id`` (by default the ``<s>`` token) and stops at
    ``</s>``; the paper does not name its start symbol.
-3. The maximum output length of §6.1 (input length + 50) is applied per sentence: a row is forced
-   to end once it has generated 50 tokens more than its own (unpadded) source length.
+3. The maximum output length of §6.1 (input length + 50) is applied per sentence: a row holds at
+   most its own (unpadded) source length + 50 generated tokens, its ``</s>`` included.
 4. Label smoothing (§5.4) is computed in the model's loss (``config.label_smoothing``) so that its
    normalisation under gradient accumulation and data parallelism is the same as the plain loss.
 5. Padding: the paper does not discuss it. Keys that are padding are masked in every attention; a
@@ -201,7 +201,12 @@ def residual_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> t
 # Incremental decoding: a self-attention cache that grows in place
 # --------------------------------------------------------------------------------------------------
 def _growable_layer(cache: Cache, layer_idx: int) -> DynamicLayer | None:
-    """The layer of a plain ``DynamicCache`` (no offloading), else None (then HF's own update is used)."""
+    """The layer of a plain ``DynamicCache`` (no offloading) during inference, else None (then HF's own
+    update is used). With gradients enabled the in-place writes would overwrite keys/values that an
+    earlier step saved for its backward pass; under ``torch.compile`` the buffer checks would break
+    the graph."""
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return None
     if type(cache) is not DynamicCache or cache.offloading or layer_idx >= len(cache.layers):
         return None
     layer = cache.layers[layer_idx]
@@ -295,20 +300,12 @@ def eager_attention_forward(
     """§3.2.1 Eq. (1): Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V.
 
     Args:
-        query: (B, H, T, Dh); key, value: (B, H, K, Dh); attention_mask: boolean, True = attend.
+        query: (B, H, T, Dh); key, value: (B, H, K, Dh); attention_mask: boolean, True = attend,
+            None = attend to every key (the decoder always gives this kernel its causal mask).
     Returns:
         (B, T, H, Dh) output and (B, H, T, K) attention probabilities.
     """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, T, K)
-    if attention_mask is None and getattr(module, "is_causal", False) and query.shape[2] > 1:
-        attention_mask = build_attention_mask(
-            None,
-            query.shape[2],
-            key.shape[2],
-            causal=True,
-            past_length=key.shape[2] - query.shape[2],
-            materialize_causal=True,
-        ).to(query.device)
     if attention_mask is not None:
         scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
@@ -818,6 +815,15 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             raise TypeError(
                 f"`cache` must be an EncoderDecoderCache (self- and cross-attention), got {type(cache).__name__}."
             )
+        if cache is not None and (
+            cache.self_attention_cache.is_compileable or cache.cross_attention_cache.is_compileable
+        ):
+            raise ValueError(
+                "A static cache (StaticCache, cache_implementation='static') is not supported: this model "
+                "caches decoder self-attention in a growing DynamicCache and cross-attention keys/values "
+                "once per sentence. Drop `cache_implementation` (or pass EncoderDecoderCache(DynamicCache(), "
+                "DynamicCache()))."
+            )
         output_attentions = (
             output_attentions if output_attentions is not None else self.config.output_attentions
         )
@@ -868,8 +874,9 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 
 
 class _SourceLengthBound(LogitsProcessor):
-    """§6.1 per sentence: once a hypothesis holds ``source length + 50`` generated tokens, only
-    ``</s>`` may follow. ``source_lengths`` has one entry per row (batch × beams)."""
+    """§6.1 per sentence: a hypothesis holds at most ``source length + 50`` generated tokens, its
+    ``</s>`` included, so after ``source length + 49`` tokens only ``</s>`` may follow.
+    ``source_lengths`` has one entry per sentence (rows are sentences × beams)."""
 
     def __init__(self, source_lengths: torch.Tensor, start_length: int, eos_token_id: int) -> None:
         # (rows,) decoder length at which only </s> may follow: source length + 50 tokens in all.
@@ -881,7 +888,10 @@ class _SourceLengthBound(LogitsProcessor):
         limits = self.limits.to(input_ids.device).repeat_interleave(rows // self.limits.shape[0])
         done = (input_ids.shape[1] >= limits)[:, None]  # (rows, 1)
         forced = torch.full_like(scores, -math.inf)
-        forced[:, self.eos_token_id] = scores[:, self.eos_token_id]  # keep </s>'s own score
+        # </s> keeps its own score (beam search ranks the ended hypothesis by it); if another
+        # processor banned it (e.g. min_new_tokens beyond the bound), the lowest finite score instead
+        # of -inf, so the row never becomes all -inf (NaN after log-softmax).
+        forced[:, self.eos_token_id] = scores[:, self.eos_token_id].clamp(min=torch.finfo(scores.dtype).min)
         return torch.where(done, forced, scores)
 
 
@@ -1094,19 +1104,20 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             )
         )
         source = inputs if inputs is not None else kwargs.get("input_ids")
-        if not bounded and source is not None:
-            attention_mask = kwargs.get("attention_mask")
-            if attention_mask is not None:
-                source_lengths = attention_mask.sum(dim=-1)
-            else:
-                source_lengths = torch.full((source.shape[0],), source.shape[1], device=source.device)
+        encoder_outputs = kwargs.get("encoder_outputs")
+        attention_mask = kwargs.get("attention_mask")
+        source_lengths = None
+        if attention_mask is not None:  # (B, S) → (B,) unpadded source lengths
+            source_lengths = attention_mask.sum(dim=-1)
+        elif source is not None:
+            source_lengths = torch.full((source.shape[0],), source.shape[1], device=source.device)
+        elif encoder_outputs is not None:  # (B, S, D) encoder states given instead of the source
+            states = encoder_outputs[0]
+            source_lengths = torch.full((states.shape[0],), states.shape[1], device=states.device)
+        if not bounded and source_lengths is not None:
             kwargs["max_new_tokens"] = int(source_lengths.max()) + MAX_LENGTH_OFFSET
             bound = _SourceLengthBound(source_lengths, 1, self.config.eos_token_id)
             logits_processor = LogitsProcessorList([*(logits_processor or []), bound])
-        elif not bounded:
-            encoder_outputs = kwargs.get("encoder_outputs")
-            if encoder_outputs is not None:
-                kwargs["max_new_tokens"] = encoder_outputs[0].shape[1] + MAX_LENGTH_OFFSET
         return super().generate(
             inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
         )

@@ -184,25 +184,42 @@ def test_fully_padded_rows_stay_finite(dtype: torch.dtype) -> None:
 # ------------------------------------------------------------------------------------------------
 # Cache and generation
 # ------------------------------------------------------------------------------------------------
-def test_incremental_decoding_equals_full_forward(model, batch) -> None:
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "with-gradients"])
+def test_incremental_decoding_equals_full_forward(model, batch, grad: bool) -> None:
+    """Token by token with the cache = one full forward. Without gradients the self-attention cache
+    grows in place; with gradients (scheduled sampling, RL fine-tuning) each step's keys/values stay
+    intact for the backward pass, which gives the full forward's gradients."""
     labels = batch["labels"].clamp(min=0)
     decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
     full = model(batch["input_ids"], batch["attention_mask"], decoder_input_ids=decoder_input_ids).logits
-    encoder_outputs = model.get_encoder()(batch["input_ids"], batch["attention_mask"])
-    cache = None
-    steps = []
-    for t in range(decoder_input_ids.shape[1]):
-        out = model(
-            attention_mask=batch["attention_mask"],
-            encoder_outputs=encoder_outputs,
-            decoder_input_ids=decoder_input_ids[:, t : t + 1],
-            cache=cache,
-            use_cache=True,
-        )
-        cache = out.cache
-        steps.append(out.logits)
+    full_grads = torch.autograd.grad(full.square().sum(), list(model.parameters()), allow_unused=True)
+    with torch.set_grad_enabled(grad):
+        encoder_outputs = model.get_encoder()(batch["input_ids"], batch["attention_mask"])
+        cache = None
+        steps = []
+        for t in range(decoder_input_ids.shape[1]):
+            out = model(
+                attention_mask=batch["attention_mask"],
+                encoder_outputs=encoder_outputs,
+                decoder_input_ids=decoder_input_ids[:, t : t + 1],
+                cache=cache,
+                use_cache=True,
+            )
+            cache = out.cache
+            steps.append(out.logits)
+        incremental = torch.cat(steps, dim=1)
     assert cache.get_seq_length() == decoder_input_ids.shape[1]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(incremental, full.detach(), atol=1e-5, rtol=1e-5)
+    if grad:
+        grads = torch.autograd.grad(incremental.square().sum(), list(model.parameters()), allow_unused=True)
+        for got, expected in zip(grads, full_grads, strict=True):
+            if expected is not None:
+                torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_static_cache_is_refused_with_a_clear_message(model, batch) -> None:
+    with pytest.raises(ValueError, match="static cache"):
+        model.generate(batch["input_ids"], num_beams=1, max_new_tokens=4, cache_implementation="static")
 
 
 def test_cross_attention_keys_and_values_are_computed_once(model, batch) -> None:
@@ -237,27 +254,50 @@ def test_generation_defaults_follow_section_6_1(model, batch) -> None:
     assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, True)
     assert config.max_length is None and config.max_new_tokens is None
     assert config.decoder_start_token_id == 1 and config.eos_token_id == 2 and config.pad_token_id == 0
-    # With </s> banned by the caller, each row runs to its own bound: source length + 50 tokens.
-    out = model.generate(
-        batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=1, bad_words_ids=[[2]]
-    )
+    # The random tiny model never ends a sentence by itself, so each row runs to its own bound:
+    # source length + 50 tokens, </s> included.
+    out = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=1)
     lengths = batch["attention_mask"].sum(-1)  # 9 and 6
     assert out.shape[1] == 1 + int(lengths.max()) + 50  # never HF's silent 20-token cut
+    assert 2 not in out[0, :-1].tolist() and out[0, -1] == 2
     second = out[1, 1:].tolist()
     assert second.index(2) == int(lengths[1]) + 50 - 1  # the 56th token of row 2 is the forced </s>
+    # The same per-sentence bound when the encoder states are given instead of the source.
+    encoder_outputs = model.get_encoder()(batch["input_ids"], batch["attention_mask"])
+    again = model.generate(
+        encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"], num_beams=1
+    )
+    assert torch.equal(again, out)
 
 
 def test_forced_end_keeps_the_real_end_score(model, batch) -> None:
     """At the §6.1 bound only </s> may follow, scored with its own log-probability (not 0), so a
     truncated hypothesis does not look better than it is in beam search."""
     source = batch["input_ids"][:1, :3]
-    out = model.generate(
-        source, num_beams=1, bad_words_ids=[[2]], output_scores=True, return_dict_in_generate=True
-    )
+    out = model.generate(source, num_beams=1, output_scores=True, return_dict_in_generate=True)
     assert out.sequences.shape[1] == 1 + 3 + 50 and out.sequences[0, -1] == 2
+    assert 2 not in out.sequences[0, :-1].tolist()  # it ended at the bound, not by itself
     logits = model(source, decoder_input_ids=out.sequences[:, :-1]).logits[0, -1]
     assert out.scores[-1][0, 2] == pytest.approx(logits[2].item(), abs=1e-4)
     assert torch.isinf(out.scores[-1][0, 3:]).all()
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_the_bound_wins_over_a_longer_min_new_tokens(model, batch, num_beams: int) -> None:
+    """min_new_tokens beyond source + 50 bans </s> where the bound forces it: the sentence still
+    stops at the bound, and no score becomes NaN (an all -inf row)."""
+    source = batch["input_ids"][:1, :3]
+    out = model.generate(
+        source,
+        num_beams=num_beams,
+        min_new_tokens=80,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.shape[1] <= 1 + 3 + 50
+    assert not any(torch.isnan(scores).any() for scores in out.scores)
+    if num_beams == 1:  # greedy: the bound's </s> is the only finite choice
+        assert out.sequences.shape[1] == 1 + 3 + 50 and out.sequences[0, -1] == 2
 
 
 def test_sampling_is_reproducible(model, batch) -> None:
