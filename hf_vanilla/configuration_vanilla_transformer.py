@@ -68,9 +68,9 @@ class VanillaTransformerConfig(PretrainedConfig):
             sums of embeddings and positional encodings (§5.4).
         attention_dropout: dropout on attention probabilities; 0.0 in the paper (not described).
         activation_dropout: dropout inside the feed-forward network; 0.0 in the paper.
-        max_position_embeddings: the length for which positional encodings are pre-computed.
-            Longer inputs still work: the encodings are computed on the fly (§3.5 says the
-            sinusoid "may allow the model to extrapolate").
+        max_position_embeddings: the longest input the model is meant for. The model itself
+            computes the encodings on the fly for any length (§3.5: the sinusoid "may allow the
+            model to extrapolate"); the CTranslate2 export writes a table of this many positions.
         scale_embedding: multiply embeddings by √d_model (§3.4).
         attention_bias: add biases to the attention projections. The paper's W^Q, W^K, W^V, W^O have
             none (§3.2.2; so does tensor2tensor); fairseq and Marian checkpoints use them.

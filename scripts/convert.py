@@ -1,7 +1,7 @@
 """Convert a trained OPUS-MT (Marian) or fairseq WMT (FSMT) model into an hf_vanilla model folder.
 
     python scripts/convert.py --source Helsinki-NLP/opus-mt-de-en --output_dir runs/opus-mt-de-en
-    python scripts/convert.py --source facebook/wmt19-de-en --from fsmt --output_dir runs/wmt19-de-en
+    python scripts/convert.py --source facebook/wmt19-de-en --source_format fsmt --output_dir runs/wmt19-de-en
     python scripts/convert.py --source path/to/marian_folder --output_dir runs/converted
 
 The result loads with `AutoModelForSeq2SeqLM.from_pretrained(output_dir)` after `import hf_vanilla`,
