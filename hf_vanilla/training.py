@@ -26,6 +26,7 @@ import functools
 import logging
 import math
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ import datasets
 import numpy as np
 import torch
 import transformers
+from accelerate.utils import broadcast_object_list
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -379,11 +381,16 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
         returns = getattr(self, "_gen_kwargs", {}).get(
             "num_return_sequences", self.model.generation_config.num_return_sequences
         )
-        if returns in (None, 1):
-            self.gather_function = functools.partial(
-                self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
-            )
-        return super().evaluation_loop(*args, **kwargs)
+        if returns not in (None, 1):
+            return super().evaluation_loop(*args, **kwargs)
+        trainer_gather = self.gather_function
+        self.gather_function = functools.partial(
+            self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
+        )
+        try:
+            return super().evaluation_loop(*args, **kwargs)
+        finally:
+            self.gather_function = trainer_gather  # this evaluation only
 
 
 # --------------------------------------------------------------------------------------------------
@@ -439,14 +446,16 @@ def build_compute_metrics(
 # Setup
 # --------------------------------------------------------------------------------------------------
 def setup_logging(training_args: Seq2SeqTrainingArguments) -> None:
-    """INFO-level logs on the main process (warnings elsewhere), for Python, transformers and datasets."""
+    """INFO-level logs on the main process (``--log_level`` overrides), ``--log_level_replica``
+    (warnings by default) on the others, for Python, transformers and datasets."""
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
         handlers=[logging.StreamHandler(sys.stdout)],
     )
-    level = logging.INFO if training_args.should_log else logging.WARNING
-    if training_args.log_level != "passive":
+    if training_args.should_log and training_args.log_level == "passive":
+        level = logging.INFO
+    else:
         level = training_args.get_process_log_level()
     logging.getLogger("hf_vanilla").setLevel(level)
     transformers.utils.logging.set_verbosity(
@@ -498,19 +507,53 @@ def load_or_train_tokenizer(
     data: datasets.DatasetDict,
     data_args: DataArguments,
     resume_checkpoint: str | None,
+    training_args: PaperTrainingArguments,
 ) -> PreTrainedTokenizerBase:
     """The tokenizer: given by path, else the one saved with the model or checkpoint, else a new
-    shared BPE (§5.1) trained on both sides of the training split."""
+    shared BPE (§5.1) trained on both sides of the training split — by the main process only under
+    data parallelism, which sends its files to the other ranks (no shared file system needed)."""
     source = model_args.tokenizer_name_or_path or resume_checkpoint or model_args.model_name_or_path
     if source is not None:
         logger.info("Loading the tokenizer from %s", source)
         return AutoTokenizer.from_pretrained(source)
-    logger.info(
-        "Training a shared BPE tokenizer (%d tokens) on the training split", model_args.tokenizer_vocab_size
-    )
-    return train_tokenizer_from_dataset(
-        data, data_args.source_lang, data_args.target_lang, vocab_size=model_args.tokenizer_vocab_size
-    )
+    if training_args.world_size == 1:
+        logger.info(
+            "Training a shared BPE tokenizer (%d tokens) on the training split",
+            model_args.tokenizer_vocab_size,
+        )
+        return train_tokenizer_from_dataset(
+            data, data_args.source_lang, data_args.target_lang, vocab_size=model_args.tokenizer_vocab_size
+        )
+    # Data parallelism: the main process trains it once and sends its files to every rank (no shared
+    # file system needed); every rank, the main one included, loads the same files. A failure on the
+    # main process is sent too, so that no rank waits for files that never come.
+    message: list[dict[str, bytes] | str | None] = [None]
+    if training_args.process_index == 0:
+        logger.info(
+            "Training a shared BPE tokenizer (%d tokens) on the training split, once for %d processes",
+            model_args.tokenizer_vocab_size,
+            training_args.world_size,
+        )
+        try:
+            tokenizer = train_tokenizer_from_dataset(
+                data, data_args.source_lang, data_args.target_lang, vocab_size=model_args.tokenizer_vocab_size
+            )
+            with tempfile.TemporaryDirectory() as folder:
+                tokenizer.save_pretrained(folder)
+                message = [{path.name: path.read_bytes() for path in Path(folder).iterdir()}]
+        except Exception as error:
+            broadcast_object_list([f"{type(error).__name__}: {error}"], from_process=0)
+            raise
+    broadcast_object_list(message, from_process=0)
+    files = message[0]
+    if not isinstance(files, dict):
+        raise RuntimeError(f"The main process failed to train the tokenizer ({files}); see its log.")
+    with tempfile.TemporaryDirectory() as folder:
+        for name, content in files.items():
+            (Path(folder) / name).write_bytes(content)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    logger.info("Loaded the tokenizer the main process trained (%d tokens)", len(tokenizer))
+    return tokenizer
 
 
 def build_model(
@@ -603,7 +646,7 @@ def run_training(
         raise ValueError(
             f"No training split in the data (splits: {list(data)}); give --train_files or --demo."
         )
-    tokenizer = load_or_train_tokenizer(model_args, data, data_args, resume)
+    tokenizer = load_or_train_tokenizer(model_args, data, data_args, resume, training_args)
     model = build_model(model_args, tokenizer, resume)
     tokenized = tokenize_translations(
         data,

@@ -49,12 +49,18 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _train_args(tokenizer_dir: Path, output_dir: Path, *extra: str) -> list[str]:
+def _train_args(tokenizer_dir: Path | None, output_dir: Path, *extra: str) -> list[str]:
     """The demo task (EN→DE numbers), a tiny model, 4 steps, no dropout (ranks draw different masks),
-    then evaluation with generation (§6.1 beam search) on the 7 validation sentences."""
+    then evaluation with generation (§6.1 beam search) on the 7 validation sentences. Without a
+    tokenizer folder, the run trains its own tokenizer (300 tokens)."""
+    tokenizer = (
+        ["--tokenizer_vocab_size", "300"]
+        if tokenizer_dir is None
+        else ["--tokenizer_name_or_path", str(tokenizer_dir)]
+    )
     return [
         "--demo", "--demo_train_size", str(TRAIN), "--demo_validation_size", str(VALID), "--demo_test_size", "0",
-        "--tokenizer_name_or_path", str(tokenizer_dir),
+        *tokenizer,
         "--d_model", "32", "--layers", "2", "--attention_heads", "4", "--ffn_dim", "64", "--dropout", "0",
         "--max_steps", "4", "--learning_rate", "1e-3", "--warmup_steps", "1", "--logging_steps", "1",
         "--save_strategy", "no", "--eval_strategy", "no", "--per_device_eval_batch_size", "2",
@@ -116,10 +122,11 @@ class Run:
         self.process = subprocess.Popen(
             self.command, env=_env(self.record), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
+        self.log = ""
 
     def wait(self) -> Run:
-        log = self.process.communicate(timeout=900)[0]
-        assert self.process.returncode == 0, f"{' '.join(self.command)}\n{log[-4000:]}"
+        self.log = self.process.communicate(timeout=900)[0]
+        assert self.process.returncode == 0, f"{' '.join(self.command)}\n{self.log[-4000:]}"
         return self
 
     def ranks(self) -> list[dict[str, Any]]:
@@ -137,7 +144,7 @@ class Run:
 
 
 def _launch_pair(
-    tmp: Path, tokenizer_dir: Path, launcher: str, two: list[str], one: list[str]
+    tmp: Path, tokenizer_dir: Path | None, launcher: str, two: list[str], one: list[str]
 ) -> tuple[Run, Run]:
     """Start the 2-process run and its 1-process reference side by side; wait for both."""
     double = Run(tmp / launcher, launcher, _train_args(tokenizer_dir, tmp / launcher / "out", *two))
@@ -148,12 +155,13 @@ def _launch_pair(
 @pytest.fixture(scope="module")
 def sentence_batches(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> tuple[Run, Run]:
     """torchrun, 2 processes × 4 pairs, against 1 process × 8 pairs: the same global batches
-    (Accelerate deals consecutive batches of the same seeded permutation to the ranks)."""
+    (Accelerate deals consecutive batches of the same seeded permutation to the ranks). No tokenizer
+    is given: each run trains its own."""
     return _launch_pair(
         tmp_path_factory.mktemp("ddp"),
-        tokenizer_dir,
+        None,
         "torchrun",
-        ["--per_device_train_batch_size", "4"],
+        ["--per_device_train_batch_size", "4", "--log_level_replica", "info"],
         ["--per_device_train_batch_size", "8"],
     )
 
@@ -185,6 +193,15 @@ def _check_matches_one_process(run: Run, single: Run, atol: float = 1e-5) -> Non
 
 def test_two_processes_really_ran(sentence_batches: tuple[Run, Run]) -> None:
     _check_two_ranks(sentence_batches[0])
+
+
+def test_the_tokenizer_is_trained_once_and_shared_with_the_other_rank(
+    sentence_batches: tuple[Run, Run],
+) -> None:
+    double, single = sentence_batches  # both log at info level on every rank (--log_level_replica info)
+    assert double.log.count("Training a shared BPE tokenizer") == 1, double.log[-4000:]
+    assert double.log.count("Loaded the tokenizer the main process trained") == 2, double.log[-4000:]
+    assert {r["tokenizer_sha256"] for r in double.ranks()} == {single.ranks()[0]["tokenizer_sha256"]}
 
 
 def test_parameters_are_identical_on_both_ranks(sentence_batches: tuple[Run, Run]) -> None:
