@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
 from conftest import tiny_config, tiny_model
 from torch import nn
+from torch.nn import functional as F
 from transformers import AutoModel, AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq
 
 from hf_vanilla import (
@@ -19,6 +22,7 @@ from hf_vanilla import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
+from hf_vanilla import modeling_vanilla_transformer as modeling
 from hf_vanilla.modeling_vanilla_transformer import (
     VanillaTransformerDecoderLayer,
     VanillaTransformerEncoderLayer,
@@ -134,6 +138,49 @@ def test_mask_builder_polarity_and_fast_paths() -> None:
     assert build_attention_mask(None, 4, 4, causal=True) is None  # SDPA's is_causal path
     assert build_attention_mask(None, 1, 9, causal=True, past_length=8) is None
     assert build_attention_mask(None, 4, 4, causal=True, materialize_causal=True) is not None
+
+
+def _ran_onednn(fn: Callable[[], object]) -> bool:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return any("linear_pointwise" in event.name for event in prof.events())
+
+
+@pytest.mark.skipif(not modeling._ONEDNN_LINEAR, reason="this torch build has no oneDNN")
+def test_linear_layer_is_f_linear_with_onednn_in_cpu_inference() -> None:
+    torch.manual_seed(0)
+    layer = modeling.VanillaTransformerLinear(512, 640)  # 327,680 weights: over the threshold
+    x = torch.randn(3, 5, 1024)[..., ::2]  # not contiguous
+    expected = F.linear(x, layer.weight, layer.bias)
+    with torch.no_grad():
+        assert _ran_onednn(lambda: layer(x))
+        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+        half = copy.deepcopy(layer).bfloat16()
+        assert not _ran_onednn(lambda: half(x.bfloat16()))  # other dtypes: F.linear
+    assert torch.equal(layer(x), expected) and not _ran_onednn(lambda: layer(x))  # autograd: F.linear
+    small = modeling.VanillaTransformerLinear(32, 64)
+    with torch.no_grad():
+        assert not _ran_onednn(lambda: small(x[..., :32]))
+        assert torch.equal(small(x[..., :32]), F.linear(x[..., :32], small.weight, small.bias))
+
+
+@pytest.mark.skipif(not modeling._ONEDNN_LINEAR, reason="this torch build has no oneDNN")
+def test_generation_through_onednn_equals_generation_through_f_linear(batch, monkeypatch) -> None:
+    model = tiny_model(
+        encoder_ffn_dim=8192, decoder_ffn_dim=8192
+    )  # 32 × 8192 = 2^18 weights: at the threshold
+    source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with torch.no_grad():
+        assert _ran_onednn(lambda: model(**batch))
+        logits = model(**batch).logits
+        greedy = model.generate(**source, num_beams=1, max_new_tokens=10)
+        beam = model.generate(**source, num_beams=3, max_new_tokens=10)
+    monkeypatch.setattr(modeling, "ONEDNN_MIN_WEIGHT_ELEMENTS", float("inf"))
+    with torch.no_grad():
+        assert not _ran_onednn(lambda: model(**batch))
+        torch.testing.assert_close(model(**batch).logits, logits, rtol=1e-5, atol=1e-5)
+        assert torch.equal(model.generate(**source, num_beams=1, max_new_tokens=10), greedy)
+        assert torch.equal(model.generate(**source, num_beams=3, max_new_tokens=10), beam)
 
 
 def test_eager_equals_sdpa(batch, tmp_path) -> None:
