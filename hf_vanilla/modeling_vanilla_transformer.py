@@ -206,8 +206,8 @@ class VanillaTransformerLinear(nn.Linear):
     kernel ``torch.compile`` uses on CPUs) instead of ``F.linear``'s BLAS call. Decoding multiplies
     a few rows by each weight matrix, so it streams the weights from memory, and there oneDNN is
     faster: measured at transformer-base size on a 2-core AVX2 machine, 1.35–1.6× on the decoder's
-    matrices at 1–128 rows, which makes cached generation 1.15–1.4× faster end to end (see
-    ``benchmarks/RESULTS.md``). Results equal ``F.linear``'s to floating-point rounding (another
+    matrices at 1–128 rows, which took cached generation from 0.98–1.16× to 1.14–1.39× the speed
+    of ``MarianMTModel`` (see ``benchmarks/RESULTS.md``). Results equal ``F.linear``'s to floating-point rounding (another
     summation order). Training, autograd, other devices and dtypes use ``F.linear`` unchanged.
     """
 
