@@ -40,12 +40,18 @@ def load_metric() -> evaluate.EvaluationModule:
     return evaluate.load(METRIC_PATH)
 
 
-def compute_bleu_chrf(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]]) -> dict:
+def compute_bleu_chrf(
+    hypotheses: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    bleu_tokenize: str = "13a",
+) -> dict:
     """Corpus BLEU and chrF of ``hypotheses`` against ``references``.
 
     Args:
         hypotheses: one detokenized translation per segment.
         references: one reference string per segment, or a list of references per segment.
+        bleu_tokenize: sacreBLEU's tokenizer for BLEU: ``"13a"`` (the WMT standard) or e.g.
+            ``"char"`` for one-word outputs, where word BLEU has no 2- to 4-grams and is always 0.
 
     Returns:
         ``{"bleu", "bleu_signature", "chrf", "chrf_signature", "counts", "totals", "precisions", "bp",
@@ -58,7 +64,9 @@ def compute_bleu_chrf(hypotheses: Sequence[str], references: Sequence[str] | Seq
         )
     if not hypotheses:
         raise ValueError("No hypotheses to score: pass at least one segment.")
-    return load_metric().compute(predictions=list(hypotheses), references=list(references))
+    return load_metric().compute(
+        predictions=list(hypotheses), references=list(references), bleu_tokenize=bleu_tokenize
+    )
 
 
 def evaluate_translations(

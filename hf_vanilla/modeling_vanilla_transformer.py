@@ -207,8 +207,9 @@ class VanillaTransformerLinear(nn.Linear):
     a few rows by each weight matrix, so it streams the weights from memory, and there oneDNN is
     faster: measured at transformer-base size on a 2-core AVX2 machine, 1.35–1.6× on the decoder's
     matrices at 1–128 rows, which took cached generation from 0.98–1.16× to 1.14–1.39× the speed
-    of ``MarianMTModel`` (see ``benchmarks/RESULTS.md``). Results equal ``F.linear``'s to floating-point rounding (another
-    summation order). Training, autograd, other devices and dtypes use ``F.linear`` unchanged.
+    of ``MarianMTModel`` (see ``benchmarks/RESULTS.md``). Results equal ``F.linear``'s to
+    floating-point rounding (another summation order). Training, autograd, other devices and dtypes
+    use ``F.linear`` unchanged.
     """
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -918,6 +919,20 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         )
 
 
+def _source_lengths(inputs: torch.Tensor | None, kwargs: dict[str, object]) -> torch.Tensor | None:
+    """(B,) unpadded source lengths of a ``generate()`` call: from its ``attention_mask``, else the
+    width of the source ids or of the encoder states given instead; ``None`` when there is neither."""
+    attention_mask = kwargs.get("attention_mask")
+    if attention_mask is not None:  # (B, S) → (B,)
+        return attention_mask.sum(dim=-1)
+    source = inputs if inputs is not None else kwargs.get("input_ids")
+    if source is None and kwargs.get("encoder_outputs") is not None:
+        source = kwargs["encoder_outputs"][0]  # (B, S, D) encoder states given instead of the source
+    if source is None:
+        return None
+    return torch.full((source.shape[0],), source.shape[1], device=source.device)
+
+
 class _SourceLengthBound(LogitsProcessor):
     """§6.1 per sentence: a hypothesis holds at most ``source length + 50`` generated tokens, its
     ``</s>`` included, so after ``source length + 49`` tokens only ``</s>`` may follow.
@@ -1148,18 +1163,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
                 getattr(config, "max_new_tokens", None),
             )
         )
-        source = inputs if inputs is not None else kwargs.get("input_ids")
-        encoder_outputs = kwargs.get("encoder_outputs")
-        attention_mask = kwargs.get("attention_mask")
-        source_lengths = None
-        if attention_mask is not None:  # (B, S) → (B,) unpadded source lengths
-            source_lengths = attention_mask.sum(dim=-1)
-        elif source is not None:
-            source_lengths = torch.full((source.shape[0],), source.shape[1], device=source.device)
-        elif encoder_outputs is not None:  # (B, S, D) encoder states given instead of the source
-            states = encoder_outputs[0]
-            source_lengths = torch.full((states.shape[0],), states.shape[1], device=states.device)
-        if not bounded and source_lengths is not None:
+        source_lengths = None if bounded else _source_lengths(inputs, kwargs)
+        if source_lengths is not None:
             kwargs["max_new_tokens"] = int(source_lengths.max()) + MAX_LENGTH_OFFSET
             bound = _SourceLengthBound(source_lengths, 1, self.config.eos_token_id)
             logits_processor = LogitsProcessorList([*(logits_processor or []), bound])

@@ -59,7 +59,7 @@ from hf_vanilla.checkpointing import (
 )
 from hf_vanilla.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from hf_vanilla.data import DataArguments, load_from_args
-from hf_vanilla.evaluation import compute_bleu_chrf, load_metric
+from hf_vanilla.evaluation import compute_bleu_chrf
 from hf_vanilla.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla.tokenization import (
     check_tokenizer_matches_config,
@@ -401,9 +401,8 @@ def build_compute_metrics(
 ) -> Callable[[EvalPrediction], dict[str, float]]:
     """``compute_metrics`` for generated translations: sacreBLEU BLEU and chrF (§6.1), exact-match
     accuracy and ``gen_len``, the mean length of the translations in tokens (special tokens not
-    counted). Token ids are decoded with ``skip_special_tokens``. ``bleu_tokenize`` is sacreBLEU's
-    tokenizer for BLEU: ``"13a"`` (the WMT standard) or e.g. ``"char"`` for one-word outputs, where
-    word BLEU has no 2- to 4-grams and is always 0."""
+    counted). Token ids are decoded with ``skip_special_tokens``. ``bleu_tokenize``: as in
+    :func:`hf_vanilla.evaluation.compute_bleu_chrf`."""
     pad_id = tokenizer.pad_token_id
     special_ids = np.array(tokenizer.all_special_ids)
 
@@ -422,12 +421,7 @@ def build_compute_metrics(
             )
         hypotheses = decode(predictions)
         references = decode(prediction.label_ids)
-        if bleu_tokenize == "13a":
-            scores = compute_bleu_chrf(hypotheses, references)
-        else:
-            scores = load_metric().compute(
-                predictions=hypotheses, references=references, bleu_tokenize=bleu_tokenize
-            )
+        scores = compute_bleu_chrf(hypotheses, references, bleu_tokenize=bleu_tokenize)
         # Beam search pads finished rows with </s> when the pad id is 0 (transformers treats 0 as
         # unset there), so the length is counted over non-special tokens.
         content = (predictions >= 0) & ~np.isin(predictions, special_ids)
@@ -516,33 +510,29 @@ def load_or_train_tokenizer(
     if source is not None:
         logger.info("Loading the tokenizer from %s", source)
         return AutoTokenizer.from_pretrained(source)
-    if training_args.world_size == 1:
-        logger.info(
-            "Training a shared BPE tokenizer (%d tokens) on the training split",
-            model_args.tokenizer_vocab_size,
-        )
-        return train_tokenizer_from_dataset(
-            data, data_args.source_lang, data_args.target_lang, vocab_size=model_args.tokenizer_vocab_size
-        )
-    # Data parallelism: the main process trains it once and sends its files to every rank (no shared
-    # file system needed); every rank, the main one included, loads the same files. A failure on the
-    # main process is sent too, so that no rank waits for files that never come.
+    # Under data parallelism the main process trains it once and sends its files to every rank (no
+    # shared file system needed); every rank, the main one included, loads the same files. A failure
+    # on the main process is sent too, so that no rank waits for files that never come.
+    processes = training_args.world_size
     message: list[dict[str, bytes] | str | None] = [None]
     if training_args.process_index == 0:
         logger.info(
-            "Training a shared BPE tokenizer (%d tokens) on the training split, once for %d processes",
+            "Training a shared BPE tokenizer (%d tokens) on the training split, once for %d process(es)",
             model_args.tokenizer_vocab_size,
-            training_args.world_size,
+            processes,
         )
         try:
             tokenizer = train_tokenizer_from_dataset(
                 data, data_args.source_lang, data_args.target_lang, vocab_size=model_args.tokenizer_vocab_size
             )
+            if processes == 1:
+                return tokenizer
             with tempfile.TemporaryDirectory() as folder:
                 tokenizer.save_pretrained(folder)
                 message = [{path.name: path.read_bytes() for path in Path(folder).iterdir()}]
         except Exception as error:
-            broadcast_object_list([f"{type(error).__name__}: {error}"], from_process=0)
+            if processes > 1:
+                broadcast_object_list([f"{type(error).__name__}: {error}"], from_process=0)
             raise
     broadcast_object_list(message, from_process=0)
     files = message[0]
