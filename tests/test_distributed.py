@@ -153,7 +153,7 @@ def _launch_pair(
 
 
 @pytest.fixture(scope="module")
-def sentence_batches(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> tuple[Run, Run]:
+def sentence_batches(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Run]:
     """torchrun, 2 processes × 4 pairs, against 1 process × 8 pairs: the same global batches
     (Accelerate deals consecutive batches of the same seeded permutation to the ranks). No tokenizer
     is given: each run trains its own."""

@@ -58,12 +58,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WORDS = [f"w{i}" for i in range(4, 40)]
 
 
-if issubclass(PaperSeq2SeqTrainer, ResilientTrainerMixin):
-    ResilientTrainer = PaperSeq2SeqTrainer
-else:  # until hf_vanilla.training adopts the mixin
-
-    class ResilientTrainer(ResilientTrainerMixin, PaperSeq2SeqTrainer):
-        pass
+def test_the_project_trainer_is_the_resilient_one() -> None:
+    """The in-process tests below exercise the Trainer that scripts/train.py uses."""
+    assert issubclass(PaperSeq2SeqTrainer, ResilientTrainerMixin)
 
 
 def _dataset(tmp_path: Path, tokenizer: Any, n: int = 40) -> Any:
@@ -81,7 +78,7 @@ def _dataset(tmp_path: Path, tokenizer: Any, n: int = 40) -> Any:
 
 def _trainer(
     output_dir: Path, tokenizer: Any, data: Any, callbacks: tuple = (), **overrides: Any
-) -> ResilientTrainer:
+) -> PaperSeq2SeqTrainer:
     defaults = {
         "output_dir": str(output_dir),
         "max_steps": 8,
@@ -100,7 +97,7 @@ def _trainer(
     }
     args = PaperTrainingArguments(**{**defaults, **overrides})
     model = tiny_model(seed=1, dropout=0.1).train()  # dropout on: resuming must restore the RNG too
-    trainer = ResilientTrainer(
+    trainer = PaperSeq2SeqTrainer(
         model=model,
         args=args,
         train_dataset=data,
@@ -534,7 +531,6 @@ def _env(record_dir: Path, **extra: str) -> dict[str, str]:
         OMP_NUM_THREADS="1",
         PYTHONPATH=str(ROOT),
         HF_VANILLA_RECORD_DIR=str(record_dir),
-        HF_VANILLA_RESILIENT="1",
         **extra,
     )
     return env

@@ -10,9 +10,6 @@ script as ``__main__``. Controlled by environment variables:
   ``params-rank<r>.safetensors`` when training ends, and writes the decoded predictions and
   references that ``compute_metrics`` receives (after the cross-process gather) to
   ``eval-rank<r>-<call>.json``.
-* ``HF_VANILLA_RESILIENT=1``: use :class:`hf_vanilla.checkpointing.ResilientTrainerMixin` and
-  :class:`~hf_vanilla.checkpointing.SaveOnSignalCallback` (unless the training module already does:
-  then nothing is added).
 * ``HF_VANILLA_BLOCK_AT_STEP=N``: after optimizer step N, write ``blocked`` into the record folder and
   wait until a signal arrives (the fault tests then send SIGTERM or SIGKILL).
 """
@@ -33,11 +30,10 @@ from safetensors.torch import save_file
 from transformers import TrainerCallback
 
 import hf_vanilla.training as training
-from hf_vanilla.checkpointing import ResilientTrainerMixin, SaveOnSignalCallback
+from hf_vanilla.checkpointing import SaveOnSignalCallback
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD_DIR = os.environ.get("HF_VANILLA_RECORD_DIR")
-RESILIENT = os.environ.get("HF_VANILLA_RESILIENT") == "1"
 BLOCK_AT_STEP = int(os.environ.get("HF_VANILLA_BLOCK_AT_STEP", "0"))
 
 
@@ -87,11 +83,7 @@ class BlockAtStep(TrainerCallback):
             time.sleep(0.05)
 
 
-Base = training.PaperSeq2SeqTrainer
-bases = (Base,) if not RESILIENT or issubclass(Base, ResilientTrainerMixin) else (ResilientTrainerMixin, Base)
-
-
-class InstrumentedTrainer(*bases):  # type: ignore[misc]
+class InstrumentedTrainer(training.PaperSeq2SeqTrainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if RECORD_DIR is None:
@@ -103,14 +95,6 @@ class InstrumentedTrainer(*bases):  # type: ignore[misc]
             self.add_callback(BlockAtStep(self, record_dir, BLOCK_AT_STEP))
         if self.compute_metrics is not None:
             self.compute_metrics = self._recording(self.compute_metrics, record_dir)
-
-    def train(self, *args: Any, **kwargs: Any) -> Any:
-        # Added here, not in __init__: the training module may add its own after building the trainer.
-        if RESILIENT and not any(
-            isinstance(cb, SaveOnSignalCallback) for cb in self.callback_handler.callbacks
-        ):
-            self.add_callback(SaveOnSignalCallback())
-        return super().train(*args, **kwargs)
 
     def _recording(self, compute_metrics: Any, record_dir: Path) -> Any:
         calls = {"n": 0}
