@@ -231,15 +231,63 @@ class VanillaTransformerLinear(nn.Linear):
 # --------------------------------------------------------------------------------------------------
 # §5.4 Residual dropout
 # --------------------------------------------------------------------------------------------------
+#: The CPU dropout mask draws 15 random bits per element: p is rounded to a multiple of 2⁻¹⁵.
+_DROPOUT_LEVELS = 2**15
+
+
+def _keep_mask(shape: torch.Size, drop: int) -> torch.Tensor:
+    """A boolean mask of ``shape``, each element False (dropped) with probability drop / 2¹⁵.
+
+    One 32-bit draw of the CPU generator feeds two elements: ``random_()`` on int32 gives 31
+    uniform bits, read as two int16 halves whose low 15 bits are uniform on [0, 2¹⁵). That is 2–3×
+    faster than ``bernoulli_``, which draws a float per element; the generator and its seeding are
+    the same.
+    """
+    numel = math.prod(shape)
+    halves = torch.empty((numel + 1) // 2, dtype=torch.int32).random_().view(torch.int16)
+    keep = halves.bitwise_and_(_DROPOUT_LEVELS - 1) >= drop
+    return keep[:numel].view(shape)
+
+
+class _CpuDropout(torch.autograd.Function):
+    """Inverted dropout x · mask / (1 − p) with the mask of :func:`_keep_mask`, kept as booleans."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, hidden_states: torch.Tensor, drop: int
+    ) -> torch.Tensor:
+        keep = _keep_mask(hidden_states.shape, drop)
+        ctx.save_for_backward(keep)
+        ctx.scale = _DROPOUT_LEVELS / (_DROPOUT_LEVELS - drop)  # 1 / (1 − p) for the rounded p
+        return torch.where(keep, hidden_states, 0.0).mul_(ctx.scale)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (keep,) = ctx.saved_tensors
+        return torch.where(keep, grad, 0.0).mul_(ctx.scale), None
+
+
 def residual_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """§5.4 dropout, "applied to the output of each sub-layer" and to the embedding sums.
 
-    The same values as ``F.dropout`` (the same random numbers), but through ``torch.native_dropout``,
-    which keeps a boolean mask for the backward pass: on CPU ``F.dropout`` keeps a float32 one, four
-    times larger (32 masks of B × T × D in a base-model training step).
+    Both paths keep a boolean mask for the backward pass (``F.dropout`` keeps a float32 one on the
+    CPU, four times larger: 32 masks of B × T × D in a base-model training step). On the CPU the mask
+    comes from :func:`_keep_mask`, with p rounded to a multiple of 2⁻¹⁵ (0.1 → 0.100006) when that
+    moves it by under 0.1 %. Measured on 2 cores for a 32 × 32 × 512 activation: 7.6 → 3 ms forward
+    and 2.6 → 0.6 ms backward (``native_dropout_backward`` converts the mask to float first), about
+    0.15 s of a base-model training step's 32 dropouts. Other devices, values of p that do not round
+    and ``torch.compile`` use ``torch.native_dropout``.
     """
     if not training or p == 0.0:
         return hidden_states
+    drop = round(p * _DROPOUT_LEVELS)
+    if (
+        hidden_states.device.type == "cpu"
+        and 0 < drop < _DROPOUT_LEVELS
+        and abs(drop / _DROPOUT_LEVELS - p) <= 1e-3 * p
+        and not torch.compiler.is_compiling()
+    ):
+        return _CpuDropout.apply(hidden_states, drop)
     return torch.native_dropout(hidden_states, p, True)[0]
 
 

@@ -402,6 +402,37 @@ def test_data_collator_builds_decoder_inputs(model, tokenizer) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# Training-step kernels: the same function as the plain operators
+# ------------------------------------------------------------------------------------------------
+def test_cpu_dropout_keeps_1_minus_p_and_scales_and_is_seeded() -> None:
+    x = torch.ones(1000, 1001, requires_grad=True)  # odd size: the last 32-bit draw feeds one element
+    torch.manual_seed(0)
+    y = modeling.residual_dropout(x, 0.1, training=True)
+    kept = y != 0
+    scale = 2**15 / (2**15 - round(0.1 * 2**15))
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], scale))
+    for half in (kept.view(-1)[0::2], kept.view(-1)[1::2]):  # low and high 16 bits of each draw
+        rate = half.float().mean().item()
+        assert abs(rate - 0.9) < 5 * math.sqrt(0.09 / half.numel()), rate
+    y.backward(torch.full_like(y, 2.0))
+    torch.testing.assert_close(x.grad, 2.0 * y.detach())  # the same mask and scale
+    torch.manual_seed(0)
+    assert torch.equal(modeling.residual_dropout(x, 0.1, training=True), y)
+    assert torch.equal(modeling.residual_dropout(x, 0.1, training=False), x)
+
+
+def test_dropout_rates_that_do_not_round_use_native_dropout(monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(modeling._CpuDropout, "apply", lambda *args: calls.append(args[1]))
+    x = torch.ones(64, 64)
+    for p in (1e-6, 0.99999):  # p·2¹⁵ rounds to 0 or 2¹⁵: the mask could not draw them
+        out = modeling.residual_dropout(x, p, training=True)
+        assert out is not None and out.shape == x.shape
+    modeling.residual_dropout(x, 0.3, training=True)
+    assert calls == [round(0.3 * 2**15)]
+
+
+# ------------------------------------------------------------------------------------------------
 # Bad input
 # ------------------------------------------------------------------------------------------------
 def test_token_ids_outside_the_vocabulary_give_a_clear_error(model) -> None:
