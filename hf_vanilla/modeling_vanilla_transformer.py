@@ -1003,6 +1003,38 @@ class _SourceLengthBound(LogitsProcessor):
         return torch.where(done, forced, scores)
 
 
+#: Blocks of the (N, V) logits that the loss works through at a time: about 8 MB of fp32, so each
+#: block stays in the last-level cache between the passes over it.
+_LOSS_BLOCK_ELEMENTS = 2**21
+
+
+def _logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
+    """(N, V) → (N,) log Σ exp over the vocabulary (max-shifted, as ``torch.logsumexp``), a block of
+    rows at a time through one reused buffer: ``torch.logsumexp`` allocates an (N, V) temporary
+    z − max, as large as a training batch's logits."""
+    rows, vocab = logits.shape
+    lse = logits.new_empty(rows)
+    step = max(1, _LOSS_BLOCK_ELEMENTS // vocab)
+    buffer = logits.new_empty(min(step, rows), vocab)
+    for start in range(0, rows, step):
+        block = logits[start : start + step]
+        peak = block.amax(dim=-1, keepdim=True)  # (r, 1)
+        peak.masked_fill_(peak.isinf(), 0.0)  # rows of ±inf: no shift, as torch.logsumexp
+        work = torch.sub(block, peak, out=buffer[: block.shape[0]]).exp_()
+        torch.sum(work, dim=-1, out=lse[start : start + step]).log_().add_(peak.squeeze(1))
+    return lse
+
+
+def _smoothed_cross_entropy_sum(
+    logits: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, smoothing: float
+) -> torch.Tensor:
+    """Σ over valid rows of (1 − ε)·(lse − z_y) + ε·(lse − mean(z)): logits (N, V), the rest (N,)."""
+    per_row = lse - logits.gather(1, target[:, None]).squeeze(1)  # −log p(y)
+    if smoothing:
+        per_row = (1.0 - smoothing) * per_row + smoothing * (lse - logits.mean(dim=-1))
+    return torch.where(valid, per_row, 0.0).sum()
+
+
 class SmoothedCrossEntropySum(torch.autograd.Function):
     """§5.4 label-smoothed cross-entropy, summed over the rows whose label is not -100.
 
@@ -1020,13 +1052,10 @@ class SmoothedCrossEntropySum(torch.autograd.Function):
     ) -> torch.Tensor:
         valid = labels != -100  # (N,)
         target = labels.masked_fill(~valid, 0)
-        lse = torch.logsumexp(logits, dim=-1)  # (N,)
-        per_row = lse - logits.gather(1, target[:, None]).squeeze(1)  # −log p(y)
-        if smoothing:
-            per_row = (1.0 - smoothing) * per_row + smoothing * (lse - logits.mean(dim=-1))
+        lse = _logsumexp_rows(logits)
         ctx.save_for_backward(logits, lse, target, valid)
         ctx.smoothing = smoothing
-        return torch.where(valid, per_row, 0.0).sum()
+        return _smoothed_cross_entropy_sum(logits, lse, target, valid, smoothing)
 
     @staticmethod
     def backward(
@@ -1039,6 +1068,79 @@ class SmoothedCrossEntropySum(torch.autograd.Function):
         grad.scatter_add_(1, target[:, None], torch.full_like(lse[:, None], ctx.smoothing - 1.0))
         grad.mul_((grad_total * valid)[:, None])
         return grad, None, None
+
+
+class LinearSmoothedCrossEntropySum(torch.autograd.Function):
+    """§3.4's pre-softmax projection and §5.4's loss in one autograd node: logits z = x Wᵀ (+ b),
+    (N, D) → (N, V), and the sum of :class:`SmoothedCrossEntropySum` over them.
+
+    The value, the logits and every gradient are those of ``F.linear`` followed by
+    :class:`SmoothedCrossEntropySum`; only the backward pass differs in how it works. The gradient of
+    the loss with respect to the logits, g = softmax(z) − (1 − ε)·onehot(y) − ε/V per row, exists
+    only a block of about 8 MB of the vocabulary at a time: each block is multiplied into ∂x += g W_b
+    and ∂W_b = gᵀ x while it is in cache, and the (N, V) gradient is never materialised. That is one
+    (N, V) tensor less at the peak of a training step (131 MB for 32 × 32 tokens and 32k words), and
+    the two passes over it from memory that the separate loss and ``F.linear`` backward make.
+    Gradients that reach the returned logits from elsewhere (another loss on them) are added per
+    block.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        hidden_states: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        labels: torch.Tensor,
+        smoothing: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(hidden_states, weight, bias)  # (N, V)
+        valid = labels != -100  # (N,)
+        target = labels.masked_fill(~valid, 0)
+        lse = _logsumexp_rows(logits)
+        ctx.save_for_backward(hidden_states, weight, logits, lse, target, valid)
+        ctx.smoothing = smoothing
+        ctx.set_materialize_grads(False)  # no (N, V) zeros when nothing else uses the logits
+        return _smoothed_cross_entropy_sum(logits, lse, target, valid, smoothing), logits
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx,
+        grad_total: torch.Tensor | None,
+        grad_logits: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None, None]:
+        hidden_states, weight, logits, lse, target, valid = ctx.saved_tensors
+        rows, vocab = logits.shape
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.zeros_like(hidden_states) if need_hidden else None
+        grad_weight = torch.empty_like(weight) if need_weight else None
+        grad_bias = weight.new_empty(vocab) if need_bias else None
+        row_scale = (grad_total * valid)[:, None] if grad_total is not None else None  # (N, 1)
+        width = min(vocab, max(1024, _LOSS_BLOCK_ELEMENTS // max(rows, 1)))
+        buffer = logits.new_empty(rows, width)
+        for start in range(0, vocab, width):
+            stop = min(start + width, vocab)
+            block = buffer[:, : stop - start]  # (N, V_b): ∂loss/∂z for vocabulary entries [start, stop)
+            if row_scale is None:
+                block.zero_()
+            else:
+                torch.sub(logits[:, start:stop], lse[:, None], out=block).exp_()  # softmax
+                if ctx.smoothing:
+                    block.sub_(ctx.smoothing / vocab)
+                hit = ((target >= start) & (target < stop)).nonzero().squeeze(1)  # rows labelled here
+                block.index_put_(
+                    (hit, target[hit] - start), block.new_full((), ctx.smoothing - 1.0), accumulate=True
+                )
+                block.mul_(row_scale)
+            if grad_logits is not None:
+                block.add_(grad_logits[:, start:stop])
+            if grad_hidden is not None:
+                grad_hidden.addmm_(block, weight[start:stop])
+            if grad_weight is not None:
+                torch.mm(block.t(), hidden_states, out=grad_weight[start:stop])
+            if grad_bias is not None:
+                torch.sum(block, dim=0, out=grad_bias[start:stop])
+        return grad_hidden, grad_weight, grad_bias, None, None
 
 
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
@@ -1126,12 +1228,25 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
-        if self.config.final_logits_bias:
-            logits = logits + self.final_logits_bias
+        hidden_states = outputs.last_hidden_state  # (B, T, D)
         loss = None
-        if labels is not None:
-            loss = self.loss_function_seq2seq(logits, labels, num_items_in_batch)
+        if labels is not None and self._fused_loss_applies(hidden_states):
+            labels = labels.to(hidden_states.device)
+            total, logits = LinearSmoothedCrossEntropySum.apply(
+                hidden_states.reshape(-1, hidden_states.shape[-1]),
+                self.lm_head.weight,
+                self.final_logits_bias.view(-1) if self.config.final_logits_bias else None,
+                labels.reshape(-1),
+                self.config.label_smoothing,
+            )
+            logits = logits.view(*hidden_states.shape[:-1], -1)  # (B, T, V)
+            loss = self._per_token(total, labels, num_items_in_batch)
+        else:
+            logits = self.lm_head(hidden_states)  # (B, T, V)
+            if self.config.final_logits_bias:
+                logits = logits + self.final_logits_bias
+            if labels is not None:
+                loss = self.loss_function_seq2seq(logits, labels, num_items_in_batch)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -1144,6 +1259,25 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             encoder_attentions=outputs.encoder_attentions,
         )
 
+    def _fused_loss_applies(self, hidden_states: torch.Tensor) -> bool:
+        """Whether the output projection and the loss run as one :class:`LinearSmoothedCrossEntropySum`:
+        in fp32 training on the CPU (where it was measured), through an ``lm_head`` that is still this
+        model's own bias-free layer without hooks (anything that replaced or wraps it, e.g. an adapter
+        or an offloading hook, is called as a module instead), outside autocast and ``torch.compile``.
+        """
+        head = self.lm_head
+        return (
+            torch.is_grad_enabled()
+            and hidden_states.device.type == "cpu"
+            and hidden_states.dtype == torch.float32
+            and type(head) is VanillaTransformerLinear
+            and head.bias is None
+            and head.weight.dtype == torch.float32
+            and not (head._forward_hooks or head._forward_pre_hooks)
+            and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_compiling()
+        )
+
     def loss_function_seq2seq(
         self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None
     ) -> torch.Tensor:
@@ -1154,6 +1288,13 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         total = SmoothedCrossEntropySum.apply(
             logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), self.config.label_smoothing
         )
+        return self._per_token(total, labels, num_items_in_batch)
+
+    @staticmethod
+    def _per_token(
+        total: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None
+    ) -> torch.Tensor:
+        """The summed loss divided by ``num_items_in_batch``, or by this batch's label count."""
         if num_items_in_batch is None:
             num_items_in_batch = (labels != -100).sum().clamp(min=1)
         if isinstance(num_items_in_batch, torch.Tensor):

@@ -404,6 +404,64 @@ def test_data_collator_builds_decoder_inputs(model, tokenizer) -> None:
 # ------------------------------------------------------------------------------------------------
 # Training-step kernels: the same function as the plain operators
 # ------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
+# Training-step kernels: the same function as the plain operators
+# ------------------------------------------------------------------------------------------------
+def _reference_linear_loss(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = F.linear(hidden, weight, bias)
+    loss = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum", label_smoothing=eps)
+    return loss, logits
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("logits_used", [False, True])
+def test_fused_output_projection_and_loss_equal_f_linear_then_cross_entropy(
+    eps: float, with_bias: bool, logits_used: bool, monkeypatch
+) -> None:
+    """Loss, logits and every gradient equal F.linear → F.cross_entropy, with ignored rows, several
+    vocabulary blocks and a ragged last one, and with a second loss on the returned logits."""
+    monkeypatch.setattr(modeling, "_LOSS_BLOCK_ELEMENTS", 7 * 37)  # 37 rows → blocks of 7 rows / 1024 words
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(37, 16, generator=generator, dtype=torch.float64)
+    weight = torch.randn(2500, 16, generator=generator, dtype=torch.float64)
+    bias = torch.randn(2500, generator=generator, dtype=torch.float64) if with_bias else None
+    labels = torch.randint(0, 2500, (37,), generator=generator)
+    labels[[0, 5, 36]] = -100
+    other = torch.randn(37, 2500, generator=generator, dtype=torch.float64)  # a second loss's weights
+
+    def run(fused: bool) -> tuple[torch.Tensor, ...]:
+        leaves = [t.clone().requires_grad_() for t in (hidden, weight) + ((bias,) if with_bias else ())]
+        h, w, b = leaves[0], leaves[1], leaves[2] if with_bias else None
+        if fused:
+            loss, logits = modeling.LinearSmoothedCrossEntropySum.apply(h, w, b, labels, eps)
+        else:
+            loss, logits = _reference_linear_loss(h, w, b, labels, eps)
+        total = loss + (logits * other).sum() if logits_used else loss
+        total.backward()
+        return (loss.detach(), logits.detach(), *(leaf.grad for leaf in leaves))
+
+    for got, expected in zip(run(fused=True), run(fused=False), strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+def test_blockwise_logsumexp_equals_torch(monkeypatch) -> None:
+    monkeypatch.setattr(modeling, "_LOSS_BLOCK_ELEMENTS", 3 * 50)  # blocks of 3 rows, the last one of 1
+    logits = torch.randn(10, 50) * 30
+    logits[4] = -math.inf
+    torch.testing.assert_close(modeling._logsumexp_rows(logits), torch.logsumexp(logits, dim=-1))
+
+
+def test_a_hooked_or_replaced_output_projection_is_called_as_a_module(batch) -> None:
+    model = tiny_model().train()
+    seen = []
+    model.lm_head.register_forward_hook(lambda module, args, output: seen.append(output.shape))
+    model(**batch).loss.backward()
+    assert seen == [(2, 7, 100)]
+
+
 def test_cpu_dropout_keeps_1_minus_p_and_scales_and_is_seeded() -> None:
     x = torch.ones(1000, 1001, requires_grad=True)  # odd size: the last 32-bit draw feeds one element
     torch.manual_seed(0)
