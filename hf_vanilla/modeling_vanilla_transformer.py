@@ -930,6 +930,15 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
                 "Give `decoder_input_ids` (or `labels` to VanillaTransformerForConditionalGeneration, which "
                 "shifts them right to build the decoder inputs)."
             )
+        if (
+            encoder_outputs is None
+            and input_ids is not None
+            and decoder_input_ids is not None
+            and torch.is_grad_enabled()
+            and self.encoder.embed_tokens is self.decoder.embed_tokens
+        ):
+            inputs_embeds, decoder_inputs_embeds = self._embed_both(input_ids, decoder_input_ids)
+            input_ids = decoder_input_ids = None
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
@@ -965,6 +974,20 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
         )
+
+    def _embed_both(
+        self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Source (B, S) and decoder (B, T) ids → their (B, S, D) and (B, T, D) rows of the shared
+        matrix, looked up in one call. In training, one lookup gives the shared matrix one (V, D)
+        gradient from the embeddings instead of two (each a zero-filled 64 MB at base size with a
+        32k vocabulary, then added to the output projection's)."""
+        embed_tokens = self.encoder.embed_tokens  # the decoder's too
+        _check_token_ids(input_ids, embed_tokens.num_embeddings, "input_ids")
+        _check_token_ids(decoder_input_ids, embed_tokens.num_embeddings, "decoder_input_ids")
+        both = embed_tokens(torch.cat([input_ids.reshape(-1), decoder_input_ids.reshape(-1)]))
+        source, target = both.split([input_ids.numel(), decoder_input_ids.numel()])
+        return source.view(*input_ids.shape, -1), target.view(*decoder_input_ids.shape, -1)
 
 
 def _source_lengths(inputs: torch.Tensor | None, kwargs: dict[str, object]) -> torch.Tensor | None:

@@ -404,9 +404,6 @@ def test_data_collator_builds_decoder_inputs(model, tokenizer) -> None:
 # ------------------------------------------------------------------------------------------------
 # Training-step kernels: the same function as the plain operators
 # ------------------------------------------------------------------------------------------------
-# ------------------------------------------------------------------------------------------------
-# Training-step kernels: the same function as the plain operators
-# ------------------------------------------------------------------------------------------------
 def _reference_linear_loss(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -452,6 +449,50 @@ def test_blockwise_logsumexp_equals_torch(monkeypatch) -> None:
     logits = torch.randn(10, 50) * 30
     logits[4] = -math.inf
     torch.testing.assert_close(modeling._logsumexp_rows(logits), torch.logsumexp(logits, dim=-1))
+
+
+@pytest.mark.parametrize("final_logits_bias", [False, True])
+def test_training_step_through_the_fused_kernels_equals_the_plain_path(
+    batch, final_logits_bias: bool, monkeypatch
+) -> None:
+    """In CPU fp32 training the model runs the fused projection + loss and looks the source and target
+    up in one call; loss, logits and every parameter's gradient equal the plain path's."""
+    model = tiny_model(dropout=0.0, label_smoothing=0.1, final_logits_bias=final_logits_bias)
+    if final_logits_bias:
+        model.final_logits_bias.normal_()
+    model.train()
+    calls = []
+    original = modeling.LinearSmoothedCrossEntropySum.forward
+    monkeypatch.setattr(
+        modeling.LinearSmoothedCrossEntropySum,
+        "forward",
+        staticmethod(lambda *args: calls.append(1) or original(*args)),
+    )
+
+    lookups = []
+    embed_both = model.model._embed_both
+    monkeypatch.setattr(model.model, "_embed_both", lambda *args: lookups.append(1) or embed_both(*args))
+
+    def step(**inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        out = model(**inputs, attention_mask=batch["attention_mask"], labels=batch["labels"])
+        out.loss.backward()
+        return out.loss.detach(), out.logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    fused = step(input_ids=batch["input_ids"])
+    assert calls == [1] and lookups == [1]
+    # The plain path: F.linear + SmoothedCrossEntropySum, and two separate embedding lookups.
+    monkeypatch.setattr(
+        VanillaTransformerForConditionalGeneration, "_fused_loss_applies", lambda self, h: False
+    )
+    embed = model.get_input_embeddings()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(batch["labels"])
+    plain = step(inputs_embeds=embed(batch["input_ids"]), decoder_inputs_embeds=embed(decoder_input_ids))
+    assert calls == [1] and lookups == [1]
+    torch.testing.assert_close(fused[0], plain[0])
+    torch.testing.assert_close(fused[1], plain[1])
+    for got, expected in zip(fused[2], plain[2], strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
 def test_a_hooked_or_replaced_output_projection_is_called_as_a_module(batch) -> None:
