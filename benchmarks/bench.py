@@ -21,7 +21,6 @@ two cores at ``--size base``.
 from __future__ import annotations
 
 import gc
-import gzip
 import json
 import os
 import platform
@@ -35,7 +34,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, HfArgumentParser, MarianConfig, MarianMTModel
+from transformers import (
+    DataCollatorForSeq2Seq,
+    GenerationConfig,
+    HfArgumentParser,
+    MarianConfig,
+    MarianMTModel,
+    PreTrainedTokenizerBase,
+)
 
 from hf_vanilla import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from hf_vanilla.modeling_vanilla_transformer import sinusoidal_position_encoding
@@ -375,9 +381,15 @@ def random_batch(vocab: int, batch: int, length: int, generator: torch.Generator
     return torch.randint(4, vocab, (batch, length), generator=generator)
 
 
+def make_optimizer(model: torch.nn.Module) -> torch.optim.AdamW:
+    """AdamW with the paper's β and ε, fused: the Trainer's default optimizer (``adamw_torch_fused``
+    on torch ≥ 2.8)."""
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+
+
 def make_train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Callable[[], float]:
-    """One Trainer-like step: forward with labels, backward, AdamW (the paper's β, ε), zero grads."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    """One Trainer-like step: forward with labels, backward, fused AdamW, zero grads."""
+    optimizer = make_optimizer(model)
 
     def step() -> float:
         model.train()
@@ -549,15 +561,13 @@ def run_memory(args: BenchArguments) -> dict[str, dict[str, int]]:
 # --------------------------------------------------------------------------------------------------
 # Real data: one Multi30k epoch, token-budget batches vs sentence-count batches
 # --------------------------------------------------------------------------------------------------
-def read_gz_lines(path: str) -> list[str]:
-
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        return [line.strip() for line in handle]
-
-
-def multi30k_examples(args: BenchArguments, vocab_size: int) -> list[tuple[list[int], list[int]]]:
+def multi30k_examples(
+    args: BenchArguments, vocab_size: int
+) -> tuple[list[tuple[list[int], list[int]]], PreTrainedTokenizerBase]:
     """Tokenised (source, target) id lists ending in ``</s>``, from the project's byte-level BPE
-    (``hf_vanilla.tokenization``) trained on the training text, in a seeded random order."""
+    (``hf_vanilla.tokenization``) trained on the training text, in a seeded random order; and the
+    tokenizer."""
+    from hf_vanilla.data import read_parallel_text
     from hf_vanilla.tokenization import train_bpe_tokenizer
 
     folder = args.multi30k or ""
@@ -568,27 +578,13 @@ def multi30k_examples(args: BenchArguments, vocab_size: int) -> list[tuple[list[
             raise FileNotFoundError(
                 f"--multi30k {folder!r}: {path} does not exist (expected train.{{de,en}}.gz)."
             )
-    source_lines, target_lines = (read_gz_lines(paths[lang]) for lang in langs)
+    source_lines, target_lines = read_parallel_text(paths[langs[0]], paths[langs[1]])
     tokenizer = train_bpe_tokenizer([source_lines + target_lines], vocab_size=min(vocab_size, 8000))
     pairs = list(zip(tokenizer(source_lines)["input_ids"], tokenizer(target_lines)["input_ids"], strict=True))
     random.Random(args.seed).shuffle(pairs)
     if args.multi30k_sentences is not None:
         pairs = pairs[: args.multi30k_sentences]
-    return pairs
-
-
-def collate(pairs: Sequence[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
-    """``DataCollatorForSeq2Seq``'s result: pad to the longest in the batch, labels padded with -100."""
-    s = max(len(src) for src, _ in pairs)
-    t = max(len(tgt) for _, tgt in pairs)
-    input_ids = torch.full((len(pairs), s), PAD)
-    attention_mask = torch.zeros((len(pairs), s), dtype=torch.long)
-    labels = torch.full((len(pairs), t), -100)
-    for row, (src, tgt) in enumerate(pairs):
-        input_ids[row, : len(src)] = torch.tensor(src)
-        attention_mask[row, : len(src)] = 1
-        labels[row, : len(tgt)] = torch.tensor(tgt)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    return pairs, tokenizer
 
 
 def sentence_batches(pairs: Sequence[tuple[list[int], list[int]]], batch_size: int) -> list[list[int]]:
@@ -612,12 +608,17 @@ def token_budget_batches(
 def run_multi30k(
     ours: torch.nn.Module, marian: torch.nn.Module, config: VanillaTransformerConfig, args: BenchArguments
 ) -> dict[str, Any]:
-    pairs = multi30k_examples(args, config.vocab_size)
+    pairs, tokenizer = multi30k_examples(args, config.vocab_size)
+    collator = DataCollatorForSeq2Seq(tokenizer, return_tensors="pt")  # the Trainer's: pad, labels -100
+
+    def collate(indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        return collator([{"input_ids": pairs[i][0], "labels": pairs[i][1]} for i in indices])
+
     mean_len = statistics.fmean(len(src) + len(tgt) for src, tgt in pairs)
     max_tokens = round(args.batch_size * mean_len)  # ≈ the same sentences per step as the Trainer batches
     plans = {
-        OURS: [collate([pairs[i] for i in b]) for b in token_budget_batches(pairs, max_tokens, args.seed)],
-        MARIAN: [collate([pairs[i] for i in b]) for b in sentence_batches(pairs, args.batch_size)],
+        OURS: [collate(b) for b in token_budget_batches(pairs, max_tokens, args.seed)],
+        MARIAN: [collate(b) for b in sentence_batches(pairs, args.batch_size)],
     }
     stats = {
         name: {
@@ -632,10 +633,7 @@ def run_multi30k(
         for name, plan in plans.items()
     }
     models = {OURS: ours, MARIAN: marian}
-    optimizers = {
-        name: torch.optim.AdamW(models[name].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-        for name in models
-    }
+    optimizers = {name: make_optimizer(model) for name, model in models.items()}
     for name, model in models.items():  # warm-up: one untimed step each (allocates the AdamW state)
         model.train()
         model(**plans[name][0]).loss.backward()
