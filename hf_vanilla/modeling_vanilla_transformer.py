@@ -29,6 +29,8 @@ Deviations from the paper (each a deliberate, documented choice):
    separate source and target vocabularies (``share_encoder_decoder_embeddings``,
    ``decoder_vocab_size``); together with the existing ``activation_function`` (swish/GELU),
    ``scale_embedding`` (no √d_model), ``attention_bias`` and ``tie_word_embeddings``.
+7. Dropout on the CPU rounds P_drop to a multiple of 2⁻¹⁵ (0.1 → 0.100006; the scale is 1 / (1 − p)
+   for the rounded p) to draw its mask twice as fast (:func:`residual_dropout`).
 
 Shape notation: B batch, S source length, T target length (new tokens in this call), P cached
 target length, D = d_model, H heads, Dh = D / H per-head width, F = d_ff, V vocabulary size.
