@@ -420,7 +420,8 @@ def test_fused_output_projection_and_loss_equal_f_linear_then_cross_entropy(
 ) -> None:
     """Loss, logits and every gradient equal F.linear → F.cross_entropy, with ignored rows, several
     vocabulary blocks and a ragged last one, and with a second loss on the returned logits."""
-    monkeypatch.setattr(modeling, "_LOSS_BLOCK_ELEMENTS", 7 * 37)  # 37 rows → blocks of 7 rows / 1024 words
+    # log-sum-exp one row at a time; the backward in vocabulary blocks of 1024, 1024 and 452 words
+    monkeypatch.setattr(modeling, "_LOSS_BLOCK_ELEMENTS", 7 * 37)
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(37, 16, generator=generator, dtype=torch.float64)
     weight = torch.randn(2500, 16, generator=generator, dtype=torch.float64)
@@ -498,13 +499,23 @@ def test_training_step_through_the_fused_kernels_equals_the_plain_path(
 def test_a_hooked_or_replaced_output_projection_is_called_as_a_module(batch) -> None:
     model = tiny_model().train()
     seen = []
-    model.lm_head.register_forward_hook(lambda module, args, output: seen.append(output.shape))
+    handle = model.lm_head.register_forward_hook(lambda module, args, output: seen.append(output.shape))
     model(**batch).loss.backward()
     assert seen == [(2, 7, 100)]
+    handle.remove()
+
+    class Adapted(modeling.VanillaTransformerLinear):  # e.g. an adapter that wraps the projection
+        def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            seen.append("adapted")
+            return super().forward(hidden_states)
+
+    model.lm_head.__class__ = Adapted
+    model(**batch).loss.backward()
+    assert seen == [(2, 7, 100), "adapted"]
 
 
 def test_cpu_dropout_keeps_1_minus_p_and_scales_and_is_seeded() -> None:
-    x = torch.ones(1000, 1001, requires_grad=True)  # odd size: the last 32-bit draw feeds one element
+    x = torch.ones(999, 1001, requires_grad=True)  # odd size: the last 32-bit draw feeds one element
     torch.manual_seed(0)
     y = modeling.residual_dropout(x, 0.1, training=True)
     kept = y != 0
