@@ -1060,6 +1060,30 @@ def _smoothed_cross_entropy_sum(
     return torch.where(valid, per_row, 0.0).sum()
 
 
+def _loss_gradient(
+    out: torch.Tensor,
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    target: torch.Tensor,
+    row_scale: torch.Tensor,
+    smoothing: float,
+    start: int = 0,
+) -> torch.Tensor:
+    """Write ∂loss/∂z for vocabulary entries [start, start + V_b) into ``out`` (N, V_b) and return
+    it: row_scale · (softmax(z) − ε/V − (1 − ε)·onehot(y)). logits (N, V) (the block is read from
+    them), lse, target (N,), row_scale (N, 1): the loss's incoming gradient, 0 on ignored rows."""
+    stop = start + out.shape[1]
+    torch.sub(logits[:, start:stop], lse[:, None], out=out).exp_()  # softmax
+    if smoothing:
+        out.sub_(smoothing / logits.shape[1])
+    # −(1 − ε) at each row's label when it falls in this block; other rows add 0 (no host sync)
+    local = target - start
+    inside = (local >= 0) & (local < out.shape[1])
+    onehot = torch.where(inside, smoothing - 1.0, 0.0).to(out.dtype)[:, None]
+    out.scatter_add_(1, local.clamp(0, out.shape[1] - 1)[:, None], onehot)
+    return out.mul_(row_scale)
+
+
 class SmoothedCrossEntropySum(torch.autograd.Function):
     """§5.4 label-smoothed cross-entropy, summed over the rows whose label is not -100.
 
@@ -1087,12 +1111,12 @@ class SmoothedCrossEntropySum(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, grad_total: torch.Tensor
     ) -> tuple[torch.Tensor, None, None]:
         logits, lse, target, valid = ctx.saved_tensors
-        grad = torch.sub(logits, lse[:, None]).exp_()  # softmax (N, V)
-        if ctx.smoothing:
-            grad.sub_(ctx.smoothing / logits.shape[-1])
-        grad.scatter_add_(1, target[:, None], torch.full_like(lse[:, None], ctx.smoothing - 1.0))
-        grad.mul_((grad_total * valid)[:, None])
-        return grad, None, None
+        row_scale = (grad_total * valid)[:, None]  # (N, 1)
+        return (
+            _loss_gradient(torch.empty_like(logits), logits, lse, target, row_scale, ctx.smoothing),
+            None,
+            None,
+        )
 
 
 class LinearSmoothedCrossEntropySum(torch.autograd.Function):
@@ -1149,14 +1173,7 @@ class LinearSmoothedCrossEntropySum(torch.autograd.Function):
             if row_scale is None:
                 block.zero_()
             else:
-                torch.sub(logits[:, start:stop], lse[:, None], out=block).exp_()  # softmax
-                if ctx.smoothing:
-                    block.sub_(ctx.smoothing / vocab)
-                hit = ((target >= start) & (target < stop)).nonzero().squeeze(1)  # rows labelled here
-                block.index_put_(
-                    (hit, target[hit] - start), block.new_full((), ctx.smoothing - 1.0), accumulate=True
-                )
-                block.mul_(row_scale)
+                _loss_gradient(block, logits, lse, target, row_scale, ctx.smoothing, start)
             if grad_logits is not None:
                 block.add_(grad_logits[:, start:stop])
             if grad_hidden is not None:
