@@ -1,10 +1,17 @@
 """The original Transformer: Vaswani et al. (2017), "Attention Is All You Need", arXiv:1706.03762.
 
-The classes appear in the order of the paper (§3.5 positional encoding → §3.2 attention → §3.3
-feed-forward → §3.1 encoder and decoder layers → §3.4 embeddings and softmax → the full model),
-followed by the Hugging Face model classes. This file imports only torch, transformers and the
-package's own config, so a folder saved after ``register_for_auto_class`` loads with
-``trust_remote_code=True`` where hf_vanilla is not installed.
+The file follows the paper: decoder inputs from targets and §3.5 positional encoding, the masks,
+§3.2.1 Eq. (1) attention, §3.2.2 multi-head attention, §3.3 Eq. (2) feed-forward network, §3.1
+encoder and decoder layers and stacks with §3.4 embeddings, the model, the pre-softmax projection,
+and at the end the §5.4 loss and §6.1 decoding. It imports only torch, transformers and the
+package's own flat sibling modules (the config and :mod:`fast_paths`), so a folder saved after
+``register_for_auto_class`` loads with ``trust_remote_code=True`` where hf_vanilla is not installed.
+
+CPU speed-ups are not here: the layers call :mod:`fast_paths` (``fast_linear(self.q_proj, x)`` where
+a stock model writes ``self.q_proj(x)``, ``fast_dropout(x, p, training)`` for ``F.dropout``, …),
+whose every function computes what its stock fallback computes and takes the fallback wherever it was not measured or would be visible (GPUs, autocast,
+compile, TorchScript, ``torch.func``, quantized or hooked layers). ``HF_VANILLA_FAST_PATHS=0`` turns
+them all off.
 
 Deviations from the paper (each a deliberate, documented choice):
 
@@ -29,11 +36,9 @@ Deviations from the paper (each a deliberate, documented choice):
    separate source and target vocabularies (``share_encoder_decoder_embeddings``,
    ``decoder_vocab_size``); together with the existing ``activation_function`` (swish/GELU),
    ``scale_embedding`` (no √d_model), ``attention_bias`` and ``tie_word_embeddings``.
-7. Dropout on the CPU rounds P_drop to a multiple of 2⁻¹⁵ (0.1 → 0.100006; the scale is 1 / (1 − p)
-   for the rounded p) to draw its mask twice as fast (:func:`residual_dropout`).
 
 Shape notation: B batch, S source length, T target length (new tokens in this call), P cached
-target length, D = d_model, H heads, Dh = D / H per-head width, F = d_ff, V vocabulary size.
+target length, K key length, D = d_model, H heads, Dh = D / H per-head width, F = d_ff, V vocabulary.
 
 Mask semantics (all masks are built in :func:`build_attention_mask`):
 * ``attention_mask`` given by the user (HF convention): ``1`` = real token, ``0`` = padding.
@@ -54,7 +59,7 @@ from torch.nn import functional as F
 from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -67,16 +72,34 @@ from transformers.utils import logging
 from transformers.utils.generic import can_return_tuple
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .fast_paths import dropout as fast_dropout
+from .fast_paths import linear as fast_linear
+from .fast_paths import linear_cross_entropy as fast_linear_cross_entropy
+from .fast_paths import reorder_self_attention_cache, update_self_attention_cache
 
 logger = logging.get_logger(__name__)
 
 #: §6.1: "We set the maximum output length during inference to input length + 50".
 MAX_LENGTH_OFFSET = 50
 
+#: Set to ``1`` to check token ids against the vocabulary on every device. On the CPU the check is
+#: always made (it costs nothing there); elsewhere it reads the ids back to the host, a sync per
+#: forward, so it is off unless asked for (an id out of range then fails inside the embedding).
+CHECK_TOKEN_IDS = "HF_VANILLA_CHECK_TOKEN_IDS"
+
 
 # --------------------------------------------------------------------------------------------------
-# §3.5 Positional encoding
+# Decoder inputs from targets (teacher forcing, §3.1: "the output embeddings are offset by one
+# position"), and §3.5 positional encoding
 # --------------------------------------------------------------------------------------------------
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs from labels: prepend the start token, drop the last label, and turn ignored
+    positions (-100) into padding. (B, T) → (B, T)."""
+    start = labels.new_full((*labels.shape[:-1], 1), decoder_start_token_id)
+    shifted = torch.cat((start, labels[..., :-1]), dim=-1)
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
 def sinusoidal_position_encoding(
     positions: torch.Tensor,
     d_model: int,
@@ -131,12 +154,26 @@ class VanillaTransformerPositionalEncoding(nn.Module):
             offset=config.position_offset,
         )
 
-    def forward(self, seq_len: int, past_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        start = past_len + self.offset
-        positions = torch.arange(start, start + seq_len, device=device)  # (L,)
-        return sinusoidal_position_encoding(
-            positions, self.d_model, dtype, self.layout, self.timescales
-        )  # (L, D)
+    def forward(
+        self, seq_len: int, past_len: int | torch.Tensor, device: torch.device, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """(L, D) encodings of positions past_len … past_len + L − 1 (``past_len`` is a 0-d tensor
+        for a static cache, so that compiled decoding does not specialise on it)."""
+        positions = torch.arange(seq_len, device=device) + (past_len + self.offset)  # (L,)
+        return sinusoidal_position_encoding(positions, self.d_model, dtype, self.layout, self.timescales)
+
+
+def _readable(tensor: torch.Tensor) -> bool:
+    """Whether the values of ``tensor`` can be read on the host for free: a CPU tensor outside
+    ``torch.compile``, TorchScript tracing and ``torch.func`` transforms. Checks that read values
+    (is there padding? are the ids in the vocabulary?) run only then, so that no other path has a
+    host sync or data-dependent control flow."""
+    return (
+        tensor.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+        and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,237 +184,57 @@ def build_attention_mask(
     query_length: int,
     key_length: int,
     causal: bool,
-    past_length: int = 0,
+    past_length: int | torch.Tensor = 0,
     materialize_causal: bool = False,
+    device: torch.device | None = None,
 ) -> torch.Tensor | None:
-    """Build the boolean attention mask, ``True`` = may attend, broadcastable to (B, H, T, K).
+    """Build the boolean attention mask, ``True`` = may attend, broadcastable to (B, H, T, K), on
+    ``device`` (the inputs' device; once per forward, shared by every layer).
 
     Args:
-        padding_mask: (B, K) HF mask, 1 = real key, 0 = padding key; ``None`` = no padding.
+        padding_mask: (B, K') HF mask, 1 = real key, 0 = padding key, K' ≤ K (keys past K' are
+            positions of a static cache not yet written, masked by causality); ``None`` = no padding;
+            or a prepared (B, 1, T, K) mask, used as it is.
         query_length: T, the number of queries in this call.
-        key_length: K, the number of keys (P + T for decoder self-attention, S otherwise).
+        key_length: K, the number of keys: P + T for decoder self-attention with a growing cache,
+            the cache's capacity with a static one, S otherwise.
         causal: query t (at absolute position P + t) may attend only to keys at positions ≤ P + t
             (§3.2.3: "masking out ... all values ... which correspond to illegal connections").
-        past_length: P, the number of cached decoder positions.
+        past_length: P, the number of cached decoder positions (a 0-d tensor for a static cache).
         materialize_causal: build the causal part as a tensor even where SDPA's ``is_causal`` could
             do it (needed by the eager kernel).
 
-    Returns ``None`` when nothing needs masking: no padding and either no causality, a single
-    query, or causality that SDPA applies itself (T == K). A query row with no key left to attend
-    to (a fully padded sentence) is unmasked entirely, so that softmax stays finite.
+    Returns ``None`` when nothing needs masking: no padding and either no causality, or causality
+    that needs no mask (a single query over exactly its past) or that SDPA applies itself (T == K).
+    A query row with no key left to attend to (a fully padded sentence) is unmasked entirely, so
+    that softmax stays finite. Whether a padding mask has any padding is checked only where that is
+    a free read (:func:`_readable`); elsewhere (GPUs, compilation) the mask is always built.
     """
-    has_padding = padding_mask is not None and (torch.compiler.is_compiling() or not bool(padding_mask.all()))
-    if not has_padding:
+    if padding_mask is not None and padding_mask.dim() == 4:
+        # Already a (B, 1, T, K) mask, causality included (``generate()`` builds one for a static
+        # cache): boolean True = attend, or additive (0 = attend, a large negative = masked).
+        mask = padding_mask if padding_mask.dtype == torch.bool else padding_mask == 0
+        return mask | ~mask.any(dim=-1, keepdim=True)
+    if padding_mask is not None and _readable(padding_mask) and bool(padding_mask.all()):
         padding_mask = None
-        if not causal or query_length == 1 or (past_length == 0 and not materialize_causal):
-            return None
+    exact_keys = isinstance(past_length, int) and key_length == past_length + query_length
+    if padding_mask is None and (
+        not causal or (exact_keys and (query_length == 1 or (past_length == 0 and not materialize_causal)))
+    ):
+        return None
+    device = padding_mask.device if padding_mask is not None else device
     mask = None
     if padding_mask is not None:
+        if padding_mask.shape[-1] < key_length:  # a static cache's unwritten positions
+            padding_mask = F.pad(padding_mask, (0, key_length - padding_mask.shape[-1]), value=1)
         mask = padding_mask[:, None, None, :].to(torch.bool)  # (B, 1, 1, K)
     if causal:
-        device = padding_mask.device if padding_mask is not None else None
-        q_pos = torch.arange(past_length, past_length + query_length, device=device)
+        q_pos = torch.arange(query_length, device=device) + past_length
         k_pos = torch.arange(key_length, device=device)
         causal_mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, K)
         mask = causal_mask if mask is None else mask & causal_mask  # (B, 1, T, K)
     # Rows with nothing to attend to (all keys padding) attend to everything instead.
     return mask | ~mask.any(dim=-1, keepdim=True)
-
-
-# --------------------------------------------------------------------------------------------------
-# Linear layers (every W of §3.2.2 and §3.3, and the pre-softmax projection of §3.4)
-# --------------------------------------------------------------------------------------------------
-def _onednn_linear_available() -> bool:
-    try:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    except (AttributeError, RuntimeError):
-        return False
-
-
-_ONEDNN_LINEAR = _onednn_linear_available()
-
-#: Weights with at least this many elements (1 MiB in fp32: from d_model 512 up for the attention
-#: projections) go through oneDNN in CPU inference. ``float("inf")`` turns the path off.
-ONEDNN_MIN_WEIGHT_ELEMENTS: float = 2**18
-
-
-class VanillaTransformerLinear(nn.Linear):
-    """``nn.Linear`` with the same parameters and function: x Wᵀ + b, (…, in) → (…, out).
-
-    In fp32 inference on the CPU (no autograd), large weights are multiplied through oneDNN (the
-    kernel ``torch.compile`` uses on CPUs) instead of ``F.linear``'s BLAS call. Decoding multiplies
-    a few rows by each weight matrix, so it streams the weights from memory, and there oneDNN is
-    faster: measured at transformer-base size on a 2-core AVX2 machine, 1.35–1.6× on the decoder's
-    matrices at 1–128 rows, which took cached generation from 0.98–1.16× to 1.14–1.39× the speed
-    of ``MarianMTModel`` (see ``benchmarks/RESULTS.md``). Results equal ``F.linear``'s to
-    floating-point rounding (another summation order). Training, autograd, other devices and dtypes
-    use ``F.linear`` unchanged.
-    """
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
-        if (
-            _ONEDNN_LINEAR
-            and not torch.is_grad_enabled()
-            and hidden_states.device.type == "cpu"
-            and hidden_states.dtype == torch.float32
-            and weight.dtype == torch.float32
-            and weight.device.type == "cpu"
-            and weight.numel() >= ONEDNN_MIN_WEIGHT_ELEMENTS
-            and not torch.compiler.is_compiling()
-        ):
-            return torch.ops.mkldnn._linear_pointwise(hidden_states, weight, self.bias, "none", [], "")
-        return F.linear(hidden_states, weight, self.bias)
-
-
-# --------------------------------------------------------------------------------------------------
-# §5.4 Residual dropout
-# --------------------------------------------------------------------------------------------------
-#: The CPU dropout mask draws 15 random bits per element: p is rounded to a multiple of 2⁻¹⁵.
-_DROPOUT_LEVELS = 2**15
-
-
-def _keep_mask(shape: torch.Size, drop: int) -> torch.Tensor:
-    """A boolean mask of ``shape``, each element False (dropped) with probability drop / 2¹⁵.
-
-    One 32-bit draw of the CPU generator feeds two elements: ``random_()`` on int32 gives 31
-    uniform bits, read as two int16 halves whose low 15 bits are uniform on [0, 2¹⁵). That is 2–3×
-    faster than ``bernoulli_``, which draws a float per element; the generator and its seeding are
-    the same.
-    """
-    numel = math.prod(shape)
-    halves = torch.empty((numel + 1) // 2, dtype=torch.int32).random_().view(torch.int16)
-    keep = halves.bitwise_and_(_DROPOUT_LEVELS - 1) >= drop
-    return keep[:numel].view(shape)
-
-
-class _CpuDropout(torch.autograd.Function):
-    """Inverted dropout x · mask / (1 − p) with the mask of :func:`_keep_mask`, kept as booleans."""
-
-    @staticmethod
-    def forward(
-        ctx: torch.autograd.function.FunctionCtx, hidden_states: torch.Tensor, drop: int
-    ) -> torch.Tensor:
-        keep = _keep_mask(hidden_states.shape, drop)
-        ctx.save_for_backward(keep)
-        ctx.scale = _DROPOUT_LEVELS / (_DROPOUT_LEVELS - drop)  # 1 / (1 − p) for the rounded p
-        return torch.where(keep, hidden_states, 0.0).mul_(ctx.scale)
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (keep,) = ctx.saved_tensors
-        return torch.where(keep, grad, 0.0).mul_(ctx.scale), None
-
-
-def residual_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """§5.4 dropout, "applied to the output of each sub-layer" and to the embedding sums.
-
-    Both paths keep a boolean mask for the backward pass (``F.dropout`` keeps a float32 one on the
-    CPU, four times larger: 32 masks of B × T × D in a base-model training step). On the CPU the mask
-    comes from :func:`_keep_mask`, with p rounded to a multiple of 2⁻¹⁵ (0.1 → 0.100006) when that
-    moves it by under 0.1 %. Measured on 2 cores for a 32 × 32 × 512 activation: 7.6 → 3 ms forward
-    and 2.6 → 0.6 ms backward (``native_dropout_backward`` converts the mask to float first), about
-    0.15 s of a base-model training step's 32 dropouts. Other devices, values of p that do not round
-    and ``torch.compile`` use ``torch.native_dropout``.
-    """
-    if not training or p == 0.0:
-        return hidden_states
-    drop = round(p * _DROPOUT_LEVELS)
-    if (
-        hidden_states.device.type == "cpu"
-        and 0 < drop < _DROPOUT_LEVELS
-        and abs(drop / _DROPOUT_LEVELS - p) <= 1e-3 * p
-        and not torch.compiler.is_compiling()
-    ):
-        return _CpuDropout.apply(hidden_states, drop)
-    return torch.native_dropout(hidden_states, p, True)[0]
-
-
-# --------------------------------------------------------------------------------------------------
-# Incremental decoding: a self-attention cache that grows in place
-# --------------------------------------------------------------------------------------------------
-def _growable_layer(cache: Cache, layer_idx: int) -> DynamicLayer | None:
-    """The layer of a plain ``DynamicCache`` (no offloading) during inference, else None (then HF's own
-    update is used). With gradients enabled the in-place writes would overwrite keys/values that an
-    earlier step saved for its backward pass; under ``torch.compile`` the buffer checks would break
-    the graph."""
-    if torch.is_grad_enabled() or torch.compiler.is_compiling():
-        return None
-    if type(cache) is not DynamicCache or cache.offloading or layer_idx >= len(cache.layers):
-        return None
-    layer = cache.layers[layer_idx]
-    return layer if type(layer) is DynamicLayer else None
-
-
-def _store_with_room(layer: DynamicLayer, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
-    """Copy (B, H, P, Dh) keys/values into new buffers of ``capacity`` positions; the layer then holds
-    (B, H, P, Dh) views of them, and the buffers are kept on the layer to be filled in place."""
-    shape = (keys.shape[0], keys.shape[1], capacity, keys.shape[3])
-    buffers = (keys.new_empty(shape), values.new_empty(shape))
-    length = keys.shape[2]
-    buffers[0][:, :, :length].copy_(keys)
-    buffers[1][:, :, :length].copy_(values)
-    layer.keys, layer.values = buffers[0][:, :, :length], buffers[1][:, :, :length]
-    layer._hf_vanilla_buffers = buffers
-
-
-def _room_for(layer: DynamicLayer, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The layer's buffers if its keys/values are still views of them (no one replaced them) with room
-    for ``length`` positions."""
-    buffers = getattr(layer, "_hf_vanilla_buffers", None)
-    if buffers is None or layer.keys is None or layer.keys.dim() != 4:
-        return None
-    for view, buffer in zip((layer.keys, layer.values), buffers, strict=True):
-        if view.data_ptr() != buffer.data_ptr() or view.stride() != buffer.stride() or view.shape[0] != batch:
-            return None
-    return buffers if length <= buffers[0].shape[2] else None
-
-
-def update_self_attention_cache(
-    cache: Cache, key: torch.Tensor, value: torch.Tensor, layer_idx: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Append (B, H, T, Dh) keys/values to the cache and return all (B, H, P + T, Dh) of them.
-
-    ``DynamicLayer.update`` concatenates, copying the whole cache at every step (O(P) per token,
-    O(N²) per sentence). Here the cache lives in buffers with spare positions (capacity doubles when
-    full), so a step writes only its own T positions; the layer's ``keys``/``values`` stay plain
-    (B, H, P + T, Dh) tensors (views) for everything else in transformers.
-    """
-    layer = _growable_layer(cache, layer_idx)
-    if layer is None:
-        return cache.update(key, value, layer_idx)
-    past = layer.get_seq_length()
-    total = past + key.shape[2]
-    buffers = _room_for(layer, key.shape[0], total)
-    if buffers is None:
-        if not layer.is_initialized:
-            layer.lazy_initialization(key, value)
-        old_keys = layer.keys if past else key[:, :, :0]
-        old_values = layer.values if past else value[:, :, :0]
-        _store_with_room(layer, old_keys, old_values, capacity=2 * total if past else total + 16)
-        buffers = layer._hf_vanilla_buffers
-    buffers[0][:, :, past:total].copy_(key)
-    buffers[1][:, :, past:total].copy_(value)
-    layer.keys, layer.values = buffers[0][:, :, :total], buffers[1][:, :, :total]
-    return layer.keys, layer.values
-
-
-def reorder_self_attention_cache(cache: Cache, beam_idx: torch.Tensor) -> None:
-    """Beam search: gather the surviving hypotheses' rows straight into buffers with room for the
-    next step, so that reordering and the next append together copy the cache once, not twice."""
-    for layer_idx in range(len(cache.layers)):
-        layer = _growable_layer(cache, layer_idx)
-        if layer is None or layer.get_seq_length() == 0:
-            cache.layers[layer_idx].reorder_cache(beam_idx)
-            continue
-        length = layer.keys.shape[2]
-        shape = (beam_idx.shape[0], layer.keys.shape[1], length + 1, layer.keys.shape[3])
-        buffers = (layer.keys.new_empty(shape), layer.values.new_empty(shape))
-        index = beam_idx.to(layer.keys.device)
-        torch.index_select(layer.keys, 0, index, out=buffers[0][:, :, :length])
-        torch.index_select(layer.values, 0, index, out=buffers[1][:, :, :length])
-        layer.keys, layer.values = buffers[0][:, :, :length], buffers[1][:, :, :length]
-        layer._hf_vanilla_buffers = buffers
 
 
 # --------------------------------------------------------------------------------------------------
@@ -436,10 +293,10 @@ class VanillaTransformerAttention(nn.Module):
         self.layer_idx = layer_idx
         self.dropout = config.attention_dropout
         bias = config.attention_bias
-        self.q_proj = VanillaTransformerLinear(config.d_model, config.d_model, bias=bias)
-        self.k_proj = VanillaTransformerLinear(config.d_model, config.d_model, bias=bias)
-        self.v_proj = VanillaTransformerLinear(config.d_model, config.d_model, bias=bias)
-        self.out_proj = VanillaTransformerLinear(config.d_model, config.d_model, bias=bias)
+        self.q_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.k_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.v_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.out_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
 
     def forward(
         self,
@@ -457,7 +314,7 @@ class VanillaTransformerAttention(nn.Module):
         """
         batch, length, _ = hidden_states.shape
         is_cross = key_value_states is not None
-        query = self.q_proj(hidden_states)  # (B, T, D)
+        query = fast_linear(self.q_proj, hidden_states)  # (B, T, D)
 
         if is_cross and cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change during decoding: its K/V were computed at step 1.
@@ -466,16 +323,15 @@ class VanillaTransformerAttention(nn.Module):
         else:
             source = key_value_states if is_cross else hidden_states  # (B, K, D)
             kv_shape = (source.shape[0], source.shape[1], self.num_heads, self.head_dim)
-            key = self.k_proj(source).view(kv_shape).transpose(1, 2)  # (B, H, K, Dh)
-            value = self.v_proj(source).view(kv_shape).transpose(1, 2)
-            if cache is not None:
-                if is_cross:
-                    key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
-                    cache.is_updated[self.layer_idx] = True
-                else:
-                    key, value = update_self_attention_cache(
-                        cache.self_attention_cache, key, value, self.layer_idx
-                    )
+            key = fast_linear(self.k_proj, source).view(kv_shape).transpose(1, 2)  # (B, H, K, Dh)
+            value = fast_linear(self.v_proj, source).view(kv_shape).transpose(1, 2)
+            if cache is not None and is_cross:
+                key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+                cache.is_updated[self.layer_idx] = True
+            elif cache is not None:
+                key, value = update_self_attention_cache(
+                    cache.self_attention_cache, key, value, self.layer_idx
+                )
         groups = batch // key.shape[0]  # hypotheses per sentence; 1 except in grouped cross-attention
         query = query.view(batch // groups, groups * length, self.num_heads, self.head_dim).transpose(1, 2)
 
@@ -485,7 +341,7 @@ class VanillaTransformerAttention(nn.Module):
             attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
                 self.config._attn_implementation, eager_attention_forward
             )
-        if attention_mask is not None and attention_mask.device != query.device:
+        if attention_mask is not None and attention_mask.device != query.device:  # model parallelism
             attention_mask = attention_mask.to(query.device)
         output, weights = attention_interface(
             self,
@@ -499,24 +355,43 @@ class VanillaTransformerAttention(nn.Module):
         output = output.reshape(batch, length, -1)  # Concat(head_1, …, head_h): (B, T, D)
         if output_attentions and groups > 1:  # (B/k, H, k·T, K) → (B, H, T, K)
             weights = weights.unflatten(2, (groups, length)).transpose(1, 2).flatten(0, 1)
-        return self.out_proj(output), (weights if output_attentions else None)
+        return fast_linear(self.out_proj, output), (weights if output_attentions else None)
 
 
 # --------------------------------------------------------------------------------------------------
 # §3.3 Position-wise feed-forward network, §3.1 encoder and decoder layers
 # --------------------------------------------------------------------------------------------------
-class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
+class _PostLNSublayers(GradientCheckpointingLayer):
+    """What the encoder and decoder layers share: the residual connection around each sub-layer with
+    post-LN, and the §3.3 feed-forward network."""
+
+    dropout: float
+    activation_dropout: float
+
+    def _add_and_norm(
+        self, residual: torch.Tensor, sublayer_output: torch.Tensor, norm: nn.LayerNorm
+    ) -> torch.Tensor:
+        """§3.1 and §5.4: LayerNorm(x + Dropout(Sublayer(x))), the normalisation after the add."""
+        return norm(residual + fast_dropout(sublayer_output, self.dropout, self.training))
+
+    def _ff_block(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """§3.3 Eq. (2): FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (``fc1``, ``fc2``), (…, D) → (…, D)
+        through (…, F). ``activation_dropout`` (0 in the paper) is for imported checkpoints."""
+        hidden_states = self.activation_fn(fast_linear(self.fc1, hidden_states))  # (…, F)
+        hidden_states = fast_dropout(hidden_states, self.activation_dropout, self.training)
+        return fast_linear(self.fc2, hidden_states)
+
+
+class VanillaTransformerEncoderLayer(_PostLNSublayers):
     """§3.1 encoder layer: x = LayerNorm(x + Dropout(SelfAttention(x))); then
-    x = LayerNorm(x + Dropout(FFN(x))) with §3.3 Eq. (2) FFN(x) = max(0, x W_1 + b_1) W_2 + b_2
-    (``fc1``, ``fc2``). Post-LN as in the paper: the normalisation follows the residual add.
-    """
+    x = LayerNorm(x + Dropout(FFN(x))). Post-LN as in the paper."""
 
     def __init__(self, config: VanillaTransformerConfig) -> None:
         super().__init__()
         self.self_attn = VanillaTransformerAttention(config, config.encoder_attention_heads)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
-        self.fc1 = VanillaTransformerLinear(config.d_model, config.encoder_ffn_dim)
-        self.fc2 = VanillaTransformerLinear(config.encoder_ffn_dim, config.d_model)
+        self.fc1 = nn.Linear(config.d_model, config.encoder_ffn_dim)
+        self.fc2 = nn.Linear(config.encoder_ffn_dim, config.d_model)
         self.final_layer_norm = nn.LayerNorm(config.d_model)
         self.activation_fn = ACT2FN[config.activation_function]
         self.dropout = config.dropout
@@ -529,23 +404,17 @@ class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, S, D) → (B, S, D)."""
-        residual = hidden_states
-        hidden_states, weights = self.self_attn(
+        attended, weights = self.self_attn(
             hidden_states, attention_mask=attention_mask, output_attentions=output_attentions
         )
-        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
-        hidden_states = self.self_attn_layer_norm(residual + hidden_states)
-
-        residual = hidden_states
-        hidden_states = self.activation_fn(self.fc1(hidden_states))  # (B, S, F)
-        hidden_states = residual_dropout(hidden_states, self.activation_dropout, self.training)
-        hidden_states = self.fc2(hidden_states)
-        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
-        hidden_states = self.final_layer_norm(residual + hidden_states)
+        hidden_states = self._add_and_norm(hidden_states, attended, self.self_attn_layer_norm)
+        hidden_states = self._add_and_norm(
+            hidden_states, self._ff_block(hidden_states), self.final_layer_norm
+        )
         return hidden_states, weights
 
 
-class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
+class VanillaTransformerDecoderLayer(_PostLNSublayers):
     """§3.1 decoder layer: masked self-attention, encoder-decoder attention and the FFN, each
     followed by Dropout, the residual add and LayerNorm (post-LN)."""
 
@@ -556,8 +425,8 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
         self.encoder_attn = VanillaTransformerAttention(config, heads, layer_idx=layer_idx)
         self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model)
-        self.fc1 = VanillaTransformerLinear(config.d_model, config.decoder_ffn_dim)
-        self.fc2 = VanillaTransformerLinear(config.decoder_ffn_dim, config.d_model)
+        self.fc1 = nn.Linear(config.d_model, config.decoder_ffn_dim)
+        self.fc2 = nn.Linear(config.decoder_ffn_dim, config.d_model)
         self.final_layer_norm = nn.LayerNorm(config.d_model)
         self.activation_fn = ACT2FN[config.activation_function]
         self.dropout = config.dropout
@@ -573,30 +442,21 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(B, T, D) and encoder output (B, S, D) → (B, T, D)."""
-        residual = hidden_states
-        hidden_states, self_weights = self.self_attn(
+        attended, self_weights = self.self_attn(
             hidden_states, attention_mask=attention_mask, cache=cache, output_attentions=output_attentions
         )
-        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
-        hidden_states = self.self_attn_layer_norm(residual + hidden_states)
-
-        residual = hidden_states
-        hidden_states, cross_weights = self.encoder_attn(
+        hidden_states = self._add_and_norm(hidden_states, attended, self.self_attn_layer_norm)
+        attended, cross_weights = self.encoder_attn(
             hidden_states,
             key_value_states=encoder_hidden_states,
             attention_mask=encoder_attention_mask,
             cache=cache,
             output_attentions=output_attentions,
         )
-        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
-        hidden_states = self.encoder_attn_layer_norm(residual + hidden_states)
-
-        residual = hidden_states
-        hidden_states = self.activation_fn(self.fc1(hidden_states))  # (B, T, F)
-        hidden_states = residual_dropout(hidden_states, self.activation_dropout, self.training)
-        hidden_states = self.fc2(hidden_states)
-        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
-        hidden_states = self.final_layer_norm(residual + hidden_states)
+        hidden_states = self._add_and_norm(hidden_states, attended, self.encoder_attn_layer_norm)
+        hidden_states = self._add_and_norm(
+            hidden_states, self._ff_block(hidden_states), self.final_layer_norm
+        )
         return hidden_states, self_weights, cross_weights
 
 
@@ -615,6 +475,7 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flash_attn = False
     _supports_flex_attn = False
+    _can_compile_fullgraph = True  # a static cache and torch.compile(fullgraph=True) decoding
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: object, **kwargs: object) -> None:
         """``PreTrainedModel.save_pretrained``; after ``register_for_auto_class`` the saved
@@ -672,10 +533,14 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
 # §3.1 The encoder and decoder stacks, §3.4 embeddings
 # --------------------------------------------------------------------------------------------------
 def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> None:
-    """Raise a clear error for ids outside [0, V) instead of an index error deep inside torch."""
+    """Raise a clear error for ids outside [0, V) instead of an index error deep inside torch: on
+    the CPU always (outside compilation and transforms), elsewhere only with
+    ``HF_VANILLA_CHECK_TOKEN_IDS=1`` (it needs a host sync)."""
     if input_ids.shape[-1] == 0:
         raise ValueError(f"`{name}` is empty (sequence length 0): give at least one token per row.")
-    if torch.compiler.is_compiling():
+    if not (
+        _readable(input_ids) or (os.environ.get(CHECK_TOKEN_IDS) == "1" and not torch.compiler.is_compiling())
+    ):
         return
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= vocab_size:
@@ -720,7 +585,7 @@ class VanillaTransformerEncoder(nn.Module):
         hidden_states = hidden_states + self.embed_positions(
             hidden_states.shape[1], 0, hidden_states.device, hidden_states.dtype
         )
-        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
+        hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
         mask = build_attention_mask(
             attention_mask, hidden_states.shape[1], hidden_states.shape[1], causal=False
         )
@@ -775,9 +640,11 @@ class VanillaTransformerDecoder(nn.Module):
             raise ValueError("The decoder needs `encoder_hidden_states` (the output of the encoder).")
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        # P: an int for a growing cache, a 0-d tensor for a static one
         past_length = cache.get_seq_length() if cache is not None else 0
         if input_ids is not None:
-            if past_length == 0:  # generated ids come from the model's own vocabulary
+            if cache is None or cache.self_attention_cache.is_compileable or past_length == 0:
+                # generated ids come from the model's own vocabulary; the check skips them
                 _check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids")
             inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = inputs_embeds * self.embed_scale  # (B, T, D)
@@ -785,16 +652,19 @@ class VanillaTransformerDecoder(nn.Module):
         hidden_states = hidden_states + self.embed_positions(
             length, past_length, hidden_states.device, hidden_states.dtype
         )
-        hidden_states = residual_dropout(hidden_states, self.dropout, self.training)
+        hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
 
-        eager = bool(output_attentions) or self.config._attn_implementation != "sdpa"
+        key_length = (
+            cache.self_attention_cache.get_mask_sizes(length, 0)[0] if cache is not None else length
+        )  # P + T, or a static cache's capacity
         self_mask = build_attention_mask(
             attention_mask,
             length,
-            past_length + length,
+            key_length,
             causal=True,
             past_length=past_length,
-            materialize_causal=eager,
+            materialize_causal=bool(output_attentions) or self.config._attn_implementation != "sdpa",
+            device=hidden_states.device,
         )
         groups = hidden_states.shape[0] // encoder_hidden_states.shape[0]
         if hidden_states.shape[0] != groups * encoder_hidden_states.shape[0]:
@@ -838,17 +708,8 @@ class VanillaTransformerDecoder(nn.Module):
         )
 
 
-def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
-    """Decoder inputs from labels (teacher forcing): prepend the start token, drop the last label,
-    and turn ignored positions (-100) into padding. (B, T) → (B, T)."""
-    shifted = labels.new_zeros(labels.shape)
-    shifted[:, 1:] = labels[:, :-1].clone()
-    shifted[:, 0] = decoder_start_token_id
-    return shifted.masked_fill(shifted == -100, pad_token_id)
-
-
 # --------------------------------------------------------------------------------------------------
-# The bare encoder-decoder and the model with the §3.4 pre-softmax projection
+# The bare encoder-decoder of Figure 1
 # --------------------------------------------------------------------------------------------------
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     """The encoder-decoder of Figure 1 without the output projection; one embedding matrix
@@ -911,15 +772,6 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             raise TypeError(
                 f"`cache` must be an EncoderDecoderCache (self- and cross-attention), got {type(cache).__name__}."
             )
-        if cache is not None and (
-            cache.self_attention_cache.is_compileable or cache.cross_attention_cache.is_compileable
-        ):
-            raise ValueError(
-                "A static cache (StaticCache, cache_implementation='static') is not supported: this model "
-                "caches decoder self-attention in a growing DynamicCache and cross-attention keys/values "
-                "once per sentence. Drop `cache_implementation` (or pass EncoderDecoderCache(DynamicCache(), "
-                "DynamicCache()))."
-            )
         output_attentions = (
             output_attentions if output_attentions is not None else self.config.output_attentions
         )
@@ -981,15 +833,28 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Source (B, S) and decoder (B, T) ids → their (B, S, D) and (B, T, D) rows of the shared
-        matrix, looked up in one call. In training, one lookup gives the shared matrix one (V, D)
-        gradient from the embeddings instead of two (each a zero-filled 64 MB at base size with a
-        32k vocabulary, then added to the output projection's)."""
+        matrix, looked up in one call, so that in training the embeddings give the shared matrix one
+        (V, D) gradient instead of two (then added). Same values and gradients as two lookups."""
         embed_tokens = self.encoder.embed_tokens  # the decoder's too
         _check_token_ids(input_ids, embed_tokens.num_embeddings, "input_ids")
         _check_token_ids(decoder_input_ids, embed_tokens.num_embeddings, "decoder_input_ids")
         both = embed_tokens(torch.cat([input_ids.reshape(-1), decoder_input_ids.reshape(-1)]))
         source, target = both.split([input_ids.numel(), decoder_input_ids.numel()])
         return source.view(*input_ids.shape, -1), target.view(*decoder_input_ids.shape, -1)
+
+
+# --------------------------------------------------------------------------------------------------
+# §3.4 The pre-softmax projection; §5.4 the loss; §6.1 decoding
+# --------------------------------------------------------------------------------------------------
+def smoothed_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> torch.Tensor:
+    """§5.4 label-smoothed cross-entropy, summed over the target tokens whose label is not -100:
+    per token (1 − ε)·(−log p(y)) + ε·(−Σ_v log p(v) / V), i.e. ε/V spread over the whole
+    vocabulary. logits (…, V), labels (…) → a scalar, computed in at least fp32."""
+    logits = logits.reshape(-1, logits.shape[-1])
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(
+        logits, labels.reshape(-1), ignore_index=-100, reduction="sum", label_smoothing=smoothing
+    )
 
 
 def _source_lengths(inputs: torch.Tensor | None, kwargs: dict[str, object]) -> torch.Tensor | None:
@@ -1028,163 +893,6 @@ class _SourceLengthBound(LogitsProcessor):
         return torch.where(done, forced, scores)
 
 
-#: Blocks of the (N, V) logits that the loss works through at a time: about 8 MB of fp32, so each
-#: block stays in the last-level cache between the passes over it.
-_LOSS_BLOCK_ELEMENTS = 2**21
-
-
-def _logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
-    """(N, V) → (N,) log Σ exp over the vocabulary (max-shifted, as ``torch.logsumexp``), a block of
-    rows at a time through one reused buffer: ``torch.logsumexp`` allocates an (N, V) temporary
-    z − max, as large as a training batch's logits."""
-    rows, vocab = logits.shape
-    lse = logits.new_empty(rows)
-    step = max(1, _LOSS_BLOCK_ELEMENTS // vocab)
-    buffer = logits.new_empty(min(step, rows), vocab)
-    for start in range(0, rows, step):
-        block = logits[start : start + step]
-        peak = block.amax(dim=-1, keepdim=True)  # (r, 1)
-        peak.masked_fill_(peak.isinf(), 0.0)  # rows of ±inf: no shift, as torch.logsumexp
-        work = torch.sub(block, peak, out=buffer[: block.shape[0]]).exp_()
-        torch.sum(work, dim=-1, out=lse[start : start + step]).log_().add_(peak.squeeze(1))
-    return lse
-
-
-def _smoothed_cross_entropy_sum(
-    logits: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, smoothing: float
-) -> torch.Tensor:
-    """Σ over valid rows of (1 − ε)·(lse − z_y) + ε·(lse − mean(z)): logits (N, V), the rest (N,)."""
-    per_row = lse - logits.gather(1, target[:, None]).squeeze(1)  # −log p(y)
-    if smoothing:
-        per_row = (1.0 - smoothing) * per_row + smoothing * (lse - logits.mean(dim=-1))
-    return torch.where(valid, per_row, 0.0).sum()
-
-
-def _loss_gradient(
-    out: torch.Tensor,
-    logits: torch.Tensor,
-    lse: torch.Tensor,
-    target: torch.Tensor,
-    row_scale: torch.Tensor,
-    smoothing: float,
-    start: int = 0,
-) -> torch.Tensor:
-    """Write ∂loss/∂z for vocabulary entries [start, start + V_b) into ``out`` (N, V_b) and return
-    it: row_scale · (softmax(z) − ε/V − (1 − ε)·onehot(y)). logits (N, V) (the block is read from
-    them), lse, target (N,), row_scale (N, 1): the loss's incoming gradient, 0 on ignored rows."""
-    stop = start + out.shape[1]
-    torch.sub(logits[:, start:stop], lse[:, None], out=out).exp_()  # softmax
-    if smoothing:
-        out.sub_(smoothing / logits.shape[1])
-    # −(1 − ε) at each row's label when it falls in this block; other rows add 0 (no host sync)
-    local = target - start
-    inside = (local >= 0) & (local < out.shape[1])
-    onehot = torch.where(inside, smoothing - 1.0, 0.0).to(out.dtype)[:, None]
-    out.scatter_add_(1, local.clamp(0, out.shape[1] - 1)[:, None], onehot)
-    return out.mul_(row_scale)
-
-
-class SmoothedCrossEntropySum(torch.autograd.Function):
-    """§5.4 label-smoothed cross-entropy, summed over the rows whose label is not -100.
-
-    The value and gradient of ``F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum",
-    label_smoothing=ε)``: per row (1 − ε)·(lse − z_y) + ε·(lse − mean(z)), with z the logits and
-    lse = log Σ exp z; the gradient is softmax(z) − (1 − ε)·onehot(y) − ε/V. It keeps only the logits
-    for the backward pass and builds the gradient in one (N, V) buffer, where ``F.cross_entropy`` keeps
-    the log-probabilities and materialises the NLL gradient besides: one (N, V) tensor less at the
-    peak of a training step (the output projection's logits are the largest activation).
-    """
-
-    @staticmethod
-    def forward(
-        ctx: torch.autograd.function.FunctionCtx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float
-    ) -> torch.Tensor:
-        valid = labels != -100  # (N,)
-        target = labels.masked_fill(~valid, 0)
-        lse = _logsumexp_rows(logits)
-        ctx.save_for_backward(logits, lse, target, valid)
-        ctx.smoothing = smoothing
-        return _smoothed_cross_entropy_sum(logits, lse, target, valid, smoothing)
-
-    @staticmethod
-    def backward(
-        ctx: torch.autograd.function.FunctionCtx, grad_total: torch.Tensor
-    ) -> tuple[torch.Tensor, None, None]:
-        logits, lse, target, valid = ctx.saved_tensors
-        row_scale = (grad_total * valid)[:, None]  # (N, 1)
-        return (
-            _loss_gradient(torch.empty_like(logits), logits, lse, target, row_scale, ctx.smoothing),
-            None,
-            None,
-        )
-
-
-class LinearSmoothedCrossEntropySum(torch.autograd.Function):
-    """§3.4's pre-softmax projection and §5.4's loss in one autograd node: logits z = x Wᵀ (+ b),
-    (N, D) → (N, V), and the sum of :class:`SmoothedCrossEntropySum` over them.
-
-    The value, the logits and every gradient are those of ``F.linear`` followed by
-    :class:`SmoothedCrossEntropySum`; only the backward pass differs in how it works. The gradient of
-    the loss with respect to the logits, g = softmax(z) − (1 − ε)·onehot(y) − ε/V per row, exists
-    only a block of about 8 MB of the vocabulary at a time: each block is multiplied into ∂x += g W_b
-    and ∂W_b = gᵀ x while it is in cache, and the (N, V) gradient is never materialised. That is one
-    (N, V) tensor less at the peak of a training step (131 MB for 32 × 32 tokens and 32k words), and
-    the two passes over it from memory that the separate loss and ``F.linear`` backward make.
-    Gradients that reach the returned logits from elsewhere (another loss on them) are added per
-    block.
-    """
-
-    @staticmethod
-    def forward(
-        ctx: torch.autograd.function.FunctionCtx,
-        hidden_states: torch.Tensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        labels: torch.Tensor,
-        smoothing: float,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = F.linear(hidden_states, weight, bias)  # (N, V)
-        valid = labels != -100  # (N,)
-        target = labels.masked_fill(~valid, 0)
-        lse = _logsumexp_rows(logits)
-        ctx.save_for_backward(hidden_states, weight, logits, lse, target, valid)
-        ctx.smoothing = smoothing
-        ctx.set_materialize_grads(False)  # no (N, V) zeros when nothing else uses the logits
-        return _smoothed_cross_entropy_sum(logits, lse, target, valid, smoothing), logits
-
-    @staticmethod
-    def backward(
-        ctx: torch.autograd.function.FunctionCtx,
-        grad_total: torch.Tensor | None,
-        grad_logits: torch.Tensor | None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None, None]:
-        hidden_states, weight, logits, lse, target, valid = ctx.saved_tensors
-        rows, vocab = logits.shape
-        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
-        grad_hidden = torch.zeros_like(hidden_states) if need_hidden else None
-        grad_weight = torch.empty_like(weight) if need_weight else None
-        grad_bias = weight.new_empty(vocab) if need_bias else None
-        row_scale = (grad_total * valid)[:, None] if grad_total is not None else None  # (N, 1)
-        width = min(vocab, max(1024, _LOSS_BLOCK_ELEMENTS // max(rows, 1)))
-        buffer = logits.new_empty(rows, width)
-        for start in range(0, vocab, width):
-            stop = min(start + width, vocab)
-            block = buffer[:, : stop - start]  # (N, V_b): ∂loss/∂z for vocabulary entries [start, stop)
-            if row_scale is None:
-                block.zero_()
-            else:
-                _loss_gradient(block, logits, lse, target, row_scale, ctx.smoothing, start)
-            if grad_logits is not None:
-                block.add_(grad_logits[:, start:stop])
-            if grad_hidden is not None:
-                grad_hidden.addmm_(block, weight[start:stop])
-            if grad_weight is not None:
-                torch.mm(block.t(), hidden_states, out=grad_weight[start:stop])
-            if grad_bias is not None:
-                torch.sum(block, dim=0, out=grad_bias[start:stop])
-        return grad_hidden, grad_weight, grad_bias, None, None
-
-
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
     """The full model of Figure 1: encoder-decoder plus the pre-softmax linear projection, which
     shares its weight with the embeddings (§3.4), and the training loss (§5.4 label smoothing)."""
@@ -1194,7 +902,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def __init__(self, config: VanillaTransformerConfig) -> None:
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
-        self.lm_head = VanillaTransformerLinear(config.d_model, config.target_vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.target_vocab_size, bias=False)
         if not config.share_encoder_decoder_embeddings:  # deviation 6: tie to the target embedding
             self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
         if config.final_logits_bias:  # deviation 6 (Marian): a fixed bias on the logits
@@ -1271,24 +979,28 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             output_hidden_states=output_hidden_states,
         )
         hidden_states = outputs.last_hidden_state  # (B, T, D)
-        loss = None
-        if labels is not None and self._fused_loss_applies(hidden_states):
+        bias = self.final_logits_bias if self.config.final_logits_bias else None  # (1, V)
+        loss = total = None
+        if labels is not None:
             labels = labels.to(hidden_states.device)
-            total, logits = LinearSmoothedCrossEntropySum.apply(
+            fused = fast_linear_cross_entropy(
+                self.lm_head,
                 hidden_states.reshape(-1, hidden_states.shape[-1]),
-                self.lm_head.weight,
-                self.final_logits_bias.view(-1) if self.config.final_logits_bias else None,
+                None if bias is None else bias.view(-1),
                 labels.reshape(-1),
                 self.config.label_smoothing,
             )
-            logits = logits.view(*hidden_states.shape[:-1], -1)  # (B, T, V)
-            loss = self._per_token(total, labels, num_items_in_batch)
-        else:
-            logits = self.lm_head(hidden_states)  # (B, T, V)
-            if self.config.final_logits_bias:
-                logits = logits + self.final_logits_bias
+            if fused is not None:
+                total, logits = fused
+                logits = logits.view(*hidden_states.shape[:-1], -1)  # (B, T, V)
+        if total is None:
+            logits = self.lm_head(hidden_states)  # (B, T, V): §3.4 the pre-softmax projection
+            if bias is not None:
+                logits = logits + bias
             if labels is not None:
-                loss = self.loss_function_seq2seq(logits, labels, num_items_in_batch)
+                total = smoothed_cross_entropy_sum(logits, labels, self.config.label_smoothing)
+        if total is not None:
+            loss = self._per_token(total, labels, num_items_in_batch)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -1301,42 +1013,12 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             encoder_attentions=outputs.encoder_attentions,
         )
 
-    def _fused_loss_applies(self, hidden_states: torch.Tensor) -> bool:
-        """Whether the output projection and the loss run as one :class:`LinearSmoothedCrossEntropySum`:
-        in fp32 training on the CPU (where it was measured), through an ``lm_head`` that is still this
-        model's own bias-free layer without hooks (anything that replaced or wraps it, e.g. an adapter
-        or an offloading hook, is called as a module instead), outside autocast and ``torch.compile``.
-        """
-        head = self.lm_head
-        return (
-            torch.is_grad_enabled()
-            and hidden_states.device.type == "cpu"
-            and hidden_states.dtype == torch.float32
-            and type(head) is VanillaTransformerLinear
-            and head.bias is None
-            and head.weight.dtype == torch.float32
-            and not (head._forward_hooks or head._forward_pre_hooks)
-            and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling()
-        )
-
-    def loss_function_seq2seq(
-        self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None
-    ) -> torch.Tensor:
-        """Σ over target tokens of the label-smoothed cross-entropy (§5.4, ε_ls =
-        ``config.label_smoothing``), divided by the number of target tokens: ``num_items_in_batch``
-        (counted by the Trainer over all accumulation steps and processes) or this batch's count."""
-        labels = labels.to(logits.device)
-        total = SmoothedCrossEntropySum.apply(
-            logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), self.config.label_smoothing
-        )
-        return self._per_token(total, labels, num_items_in_batch)
-
     @staticmethod
     def _per_token(
         total: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None
     ) -> torch.Tensor:
-        """The summed loss divided by ``num_items_in_batch``, or by this batch's label count."""
+        """The summed loss divided by ``num_items_in_batch`` (counted by the Trainer over all
+        accumulation steps and processes), or by this batch's label count."""
         if num_items_in_batch is None:
             num_items_in_batch = (labels != -100).sum().clamp(min=1)
         if isinstance(num_items_in_batch, torch.Tensor):
@@ -1370,7 +1052,11 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         sentence), so it is reordered only when it was built from an expanded encoder output."""
         reorder_self_attention_cache(cache.self_attention_cache, beam_idx)
         cross = cache.cross_attention_cache
-        if cross.get_seq_length() > 0 and cross.layers[0].keys.shape[0] == beam_idx.shape[0]:
+        if (
+            cross.layers
+            and cross.layers[0].is_initialized
+            and cross.layers[0].keys.shape[0] == beam_idx.shape[0]
+        ):
             cross.reorder_cache(beam_idx)
         return cache
 

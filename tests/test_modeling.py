@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 
 import pytest
 import torch
 from conftest import tiny_config, tiny_model
 from torch import nn
-from torch.nn import functional as F
 from transformers import AutoModel, AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq
 
 from hf_vanilla import (
@@ -22,7 +19,6 @@ from hf_vanilla import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
-from hf_vanilla import modeling_vanilla_transformer as modeling
 from hf_vanilla.modeling_vanilla_transformer import (
     VanillaTransformerDecoderLayer,
     VanillaTransformerEncoderLayer,
@@ -140,49 +136,6 @@ def test_mask_builder_polarity_and_fast_paths() -> None:
     assert build_attention_mask(None, 4, 4, causal=True, materialize_causal=True) is not None
 
 
-def _ran_onednn(fn: Callable[[], object]) -> bool:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
-    return any("linear_pointwise" in event.name for event in prof.events())
-
-
-@pytest.mark.skipif(not modeling._ONEDNN_LINEAR, reason="this torch build has no oneDNN")
-def test_linear_layer_is_f_linear_with_onednn_in_cpu_inference() -> None:
-    torch.manual_seed(0)
-    layer = modeling.VanillaTransformerLinear(512, 640)  # 327,680 weights: over the threshold
-    x = torch.randn(3, 5, 1024)[..., ::2]  # not contiguous
-    expected = F.linear(x, layer.weight, layer.bias)
-    with torch.no_grad():
-        assert _ran_onednn(lambda: layer(x))
-        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
-        half = copy.deepcopy(layer).bfloat16()
-        assert not _ran_onednn(lambda: half(x.bfloat16()))  # other dtypes: F.linear
-    assert torch.equal(layer(x), expected) and not _ran_onednn(lambda: layer(x))  # autograd: F.linear
-    small = modeling.VanillaTransformerLinear(32, 64)
-    with torch.no_grad():
-        assert not _ran_onednn(lambda: small(x[..., :32]))
-        assert torch.equal(small(x[..., :32]), F.linear(x[..., :32], small.weight, small.bias))
-
-
-@pytest.mark.skipif(not modeling._ONEDNN_LINEAR, reason="this torch build has no oneDNN")
-def test_generation_through_onednn_equals_generation_through_f_linear(batch, monkeypatch) -> None:
-    model = tiny_model(
-        encoder_ffn_dim=8192, decoder_ffn_dim=8192
-    )  # 32 × 8192 = 2^18 weights: at the threshold
-    source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    with torch.no_grad():
-        assert _ran_onednn(lambda: model(**batch))
-        logits = model(**batch).logits
-        greedy = model.generate(**source, num_beams=1, max_new_tokens=10)
-        beam = model.generate(**source, num_beams=3, max_new_tokens=10)
-    monkeypatch.setattr(modeling, "ONEDNN_MIN_WEIGHT_ELEMENTS", float("inf"))
-    with torch.no_grad():
-        assert not _ran_onednn(lambda: model(**batch))
-        torch.testing.assert_close(model(**batch).logits, logits, rtol=1e-5, atol=1e-5)
-        assert torch.equal(model.generate(**source, num_beams=1, max_new_tokens=10), greedy)
-        assert torch.equal(model.generate(**source, num_beams=3, max_new_tokens=10), beam)
-
-
 def test_eager_equals_sdpa(batch, tmp_path) -> None:
     tiny_model().save_pretrained(tmp_path)
     logits = {}
@@ -262,11 +215,6 @@ def test_incremental_decoding_equals_full_forward(model, batch, grad: bool) -> N
         for got, expected in zip(grads, full_grads, strict=True):
             if expected is not None:
                 torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
-
-
-def test_static_cache_is_refused_with_a_clear_message(model, batch) -> None:
-    with pytest.raises(ValueError, match="static cache"):
-        model.generate(batch["input_ids"], num_beams=1, max_new_tokens=4, cache_implementation="static")
 
 
 def test_cross_attention_keys_and_values_are_computed_once(model, batch) -> None:
@@ -399,147 +347,6 @@ def test_data_collator_builds_decoder_inputs(model, tokenizer) -> None:
     assert batch["labels"][0].tolist() == [8, 9, 2, -100, -100]
     assert batch["decoder_input_ids"][0].tolist() == [1, 8, 9, 2, 0]
     assert model(**batch).loss.isfinite()
-
-
-# ------------------------------------------------------------------------------------------------
-# Training-step kernels: the same function as the plain operators
-# ------------------------------------------------------------------------------------------------
-def _reference_linear_loss(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = F.linear(hidden, weight, bias)
-    loss = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum", label_smoothing=eps)
-    return loss, logits
-
-
-@pytest.mark.parametrize("eps", [0.0, 0.1])
-@pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("logits_used", [False, True])
-def test_fused_output_projection_and_loss_equal_f_linear_then_cross_entropy(
-    eps: float, with_bias: bool, logits_used: bool, monkeypatch
-) -> None:
-    """Loss, logits and every gradient equal F.linear → F.cross_entropy, with ignored rows, several
-    vocabulary blocks and a ragged last one, and with a second loss on the returned logits."""
-    # log-sum-exp one row at a time; the backward in vocabulary blocks of 1024, 1024 and 452 words
-    monkeypatch.setattr(modeling, "_LOSS_BLOCK_ELEMENTS", 7 * 37)
-    generator = torch.Generator().manual_seed(0)
-    hidden = torch.randn(37, 16, generator=generator, dtype=torch.float64)
-    weight = torch.randn(2500, 16, generator=generator, dtype=torch.float64)
-    bias = torch.randn(2500, generator=generator, dtype=torch.float64) if with_bias else None
-    labels = torch.randint(0, 2500, (37,), generator=generator)
-    labels[[0, 5, 36]] = -100
-    other = torch.randn(37, 2500, generator=generator, dtype=torch.float64)  # a second loss's weights
-
-    def run(fused: bool) -> tuple[torch.Tensor, ...]:
-        leaves = [t.clone().requires_grad_() for t in (hidden, weight) + ((bias,) if with_bias else ())]
-        h, w, b = leaves[0], leaves[1], leaves[2] if with_bias else None
-        if fused:
-            loss, logits = modeling.LinearSmoothedCrossEntropySum.apply(h, w, b, labels, eps)
-        else:
-            loss, logits = _reference_linear_loss(h, w, b, labels, eps)
-        total = loss + (logits * other).sum() if logits_used else loss
-        total.backward()
-        return (loss.detach(), logits.detach(), *(leaf.grad for leaf in leaves))
-
-    for got, expected in zip(run(fused=True), run(fused=False), strict=True):
-        torch.testing.assert_close(got, expected)
-
-
-def test_blockwise_logsumexp_equals_torch(monkeypatch) -> None:
-    monkeypatch.setattr(modeling, "_LOSS_BLOCK_ELEMENTS", 3 * 50)  # blocks of 3 rows, the last one of 1
-    logits = torch.randn(10, 50) * 30
-    logits[4] = -math.inf
-    torch.testing.assert_close(modeling._logsumexp_rows(logits), torch.logsumexp(logits, dim=-1))
-
-
-@pytest.mark.parametrize("final_logits_bias", [False, True])
-def test_training_step_through_the_fused_kernels_equals_the_plain_path(
-    batch, final_logits_bias: bool, monkeypatch
-) -> None:
-    """In CPU fp32 training the model runs the fused projection + loss and looks the source and target
-    up in one call; loss, logits and every parameter's gradient equal the plain path's."""
-    model = tiny_model(dropout=0.0, label_smoothing=0.1, final_logits_bias=final_logits_bias)
-    if final_logits_bias:
-        model.final_logits_bias.normal_()
-    model.train()
-    calls = []
-    original = modeling.LinearSmoothedCrossEntropySum.forward
-    monkeypatch.setattr(
-        modeling.LinearSmoothedCrossEntropySum,
-        "forward",
-        staticmethod(lambda *args: calls.append(1) or original(*args)),
-    )
-
-    lookups = []
-    embed_both = model.model._embed_both
-    monkeypatch.setattr(model.model, "_embed_both", lambda *args: lookups.append(1) or embed_both(*args))
-
-    def step(**inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad(set_to_none=True)
-        out = model(**inputs, attention_mask=batch["attention_mask"], labels=batch["labels"])
-        out.loss.backward()
-        return out.loss.detach(), out.logits.detach(), [p.grad.clone() for p in model.parameters()]
-
-    fused = step(input_ids=batch["input_ids"])
-    assert calls == [1] and lookups == [1]
-    # The plain path: F.linear + SmoothedCrossEntropySum, and two separate embedding lookups.
-    monkeypatch.setattr(
-        VanillaTransformerForConditionalGeneration, "_fused_loss_applies", lambda self, h: False
-    )
-    embed = model.get_input_embeddings()
-    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(batch["labels"])
-    plain = step(inputs_embeds=embed(batch["input_ids"]), decoder_inputs_embeds=embed(decoder_input_ids))
-    assert calls == [1] and lookups == [1]
-    torch.testing.assert_close(fused[0], plain[0])
-    torch.testing.assert_close(fused[1], plain[1])
-    for got, expected in zip(fused[2], plain[2], strict=True):
-        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
-
-
-def test_a_hooked_or_replaced_output_projection_is_called_as_a_module(batch) -> None:
-    model = tiny_model().train()
-    seen = []
-    handle = model.lm_head.register_forward_hook(lambda module, args, output: seen.append(output.shape))
-    model(**batch).loss.backward()
-    assert seen == [(2, 7, 100)]
-    handle.remove()
-
-    class Adapted(modeling.VanillaTransformerLinear):  # e.g. an adapter that wraps the projection
-        def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-            seen.append("adapted")
-            return super().forward(hidden_states)
-
-    model.lm_head.__class__ = Adapted
-    model(**batch).loss.backward()
-    assert seen == [(2, 7, 100), "adapted"]
-
-
-def test_cpu_dropout_keeps_1_minus_p_and_scales_and_is_seeded() -> None:
-    x = torch.ones(999, 1001, requires_grad=True)  # odd size: the last 32-bit draw feeds one element
-    torch.manual_seed(0)
-    y = modeling.residual_dropout(x, 0.1, training=True)
-    kept = y != 0
-    scale = 2**15 / (2**15 - round(0.1 * 2**15))
-    torch.testing.assert_close(y[kept], torch.full_like(y[kept], scale))
-    for half in (kept.view(-1)[0::2], kept.view(-1)[1::2]):  # low and high 16 bits of each draw
-        rate = half.float().mean().item()
-        assert abs(rate - 0.9) < 5 * math.sqrt(0.09 / half.numel()), rate
-    y.backward(torch.full_like(y, 2.0))
-    torch.testing.assert_close(x.grad, 2.0 * y.detach())  # the same mask and scale
-    torch.manual_seed(0)
-    assert torch.equal(modeling.residual_dropout(x, 0.1, training=True), y)
-    assert torch.equal(modeling.residual_dropout(x, 0.1, training=False), x)
-
-
-def test_dropout_rates_that_do_not_round_use_native_dropout(monkeypatch) -> None:
-    calls = []
-    monkeypatch.setattr(modeling._CpuDropout, "apply", lambda *args: calls.append(args[1]))
-    x = torch.ones(64, 64)
-    for p in (1e-6, 0.99999):  # p·2¹⁵ rounds to 0 or 2¹⁵: the mask could not draw them
-        out = modeling.residual_dropout(x, p, training=True)
-        assert out is not None and out.shape == x.shape
-    modeling.residual_dropout(x, 0.3, training=True)
-    assert calls == [round(0.3 * 2**15)]
 
 
 # ------------------------------------------------------------------------------------------------

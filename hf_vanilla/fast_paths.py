@@ -1,0 +1,425 @@
+"""CPU fast paths for the paper model in :mod:`modeling_vanilla_transformer`.
+
+Each fast path computes exactly what its plain-PyTorch fallback computes (to floating-point
+rounding), only faster on the CPU; none of them is part of the paper, and none is a deviation from
+it. The modeling file calls each one in place of a stock operation, the way fairseq's layers call
+``self.dropout_module(x)``:
+
+============================  ==============================================  =======================
+fast path                     plain fallback                                  what it buys
+============================  ==============================================  =======================
+:func:`linear`                ``module(x)`` (a stock ``nn.Linear``)           oneDNN weight streaming
+                                                                              in fp32 CPU inference
+:func:`dropout`               ``F.dropout(x, p, training)``                   a mask from one 32-bit
+                                                                              draw per two elements
+:func:`update_self_attention  ``cache.update(key, value, layer_idx)``         appends in place, no
+_cache`                                                                       O(P) copy per step
+:func:`linear_cross_entropy`  ``lm_head(x)`` then ``F.cross_entropy``         no (N, V) gradient in
+                                                                              CPU fp32 training
+============================  ==============================================  =======================
+
+(Measured effects are in ``benchmarks/RESULTS.md``.)
+
+**One gate each.** A fast path runs only where it was measured (the CPU, fp32) and only where it is
+invisible: never under ``torch.compile``, TorchScript tracing or scripting, ``torch.func``
+transforms, autocast, or for a module that is not exactly the stock ``nn.Linear`` or that carries
+hooks (forward, backward, global, or accelerate's, which replace ``module.forward``). Everywhere
+else — GPUs, other dtypes, quantized or adapted layers, offloading — the model runs the stock
+operator, so every tool that works on stock modules works on this model.
+
+**One switch.** ``HF_VANILLA_FAST_PATHS=0`` in the environment turns every fast path off (read at
+each call, so it can be flipped at run time); the model then runs only stock operators.
+
+This file imports only torch and transformers: it travels with the modeling file into a Hub folder.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.modules import module as _module
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+#: The environment variable that turns every fast path off when set to ``0``.
+SWITCH = "HF_VANILLA_FAST_PATHS"
+
+
+def enabled() -> bool:
+    """Whether the fast paths may run at all (``HF_VANILLA_FAST_PATHS`` is not ``0``)."""
+    return os.environ.get(SWITCH, "1") != "0"
+
+
+def _transformed(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is being traced, scripted, compiled or transformed by ``torch.func``."""
+    return (
+        torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+        or torch.jit.is_scripting()
+        or torch._C._functorch.is_functorch_wrapped_tensor(tensor)
+    )
+
+
+def _global_hooks() -> bool:
+    """Whether module hooks are registered for every module (``nn.modules.module.register_module_*``)."""
+    return bool(
+        _module._global_forward_hooks
+        or _module._global_forward_pre_hooks
+        or _module._global_backward_hooks
+        or _module._global_backward_pre_hooks
+    )
+
+
+def _stock_linear(module: nn.Module) -> bool:
+    """Whether calling ``module`` would run exactly ``nn.Linear.forward`` and nothing else: its type is
+    ``nn.Linear`` itself (not a quantized, adapted or subclassed layer), no hook is registered on it or
+    globally, and no one replaced its ``forward`` (accelerate's hooks do)."""
+    return (
+        type(module) is nn.Linear
+        and not (module._forward_hooks or module._forward_pre_hooks)
+        and not (module._backward_hooks or module._backward_pre_hooks)
+        and "forward" not in module.__dict__
+        and not _global_hooks()
+    )
+
+
+def _cpu_fp32(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and not (
+        torch.is_autocast_enabled("cpu")
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Linear layers in inference: oneDNN
+# --------------------------------------------------------------------------------------------------
+def _onednn_linear_available() -> bool:
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_ONEDNN_LINEAR = _onednn_linear_available()
+
+#: Weights with at least this many elements (1 MiB in fp32: from d_model 512 up for the attention
+#: projections) go through oneDNN in CPU inference.
+ONEDNN_MIN_WEIGHT_ELEMENTS = 2**18
+
+
+def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``module(hidden_states)``; for a stock ``nn.Linear`` in fp32 CPU inference (no autograd) with a
+    large weight, the same product through oneDNN (the kernel ``torch.compile`` uses on CPUs) instead
+    of ``F.linear``'s BLAS call. Decoding multiplies a few rows by each weight, so it streams weights
+    from memory, and there oneDNN is faster. Results equal ``F.linear``'s to rounding."""
+    if (
+        _ONEDNN_LINEAR
+        and enabled()
+        and not torch.is_grad_enabled()
+        and _stock_linear(module)
+        and module.weight.numel() >= ONEDNN_MIN_WEIGHT_ELEMENTS
+        and _cpu_fp32(hidden_states, module.weight)
+        and not _transformed(hidden_states)
+    ):
+        return torch.ops.mkldnn._linear_pointwise(hidden_states, module.weight, module.bias, "none", [], "")
+    return module(hidden_states)
+
+
+# --------------------------------------------------------------------------------------------------
+# Dropout in training: a cheaper mask
+# --------------------------------------------------------------------------------------------------
+#: The CPU dropout mask draws 15 random bits per element: p is rounded to a multiple of 2⁻¹⁵.
+_DROPOUT_LEVELS = 2**15
+
+
+def _keep_mask(shape: torch.Size, drop: int) -> torch.Tensor:
+    """A boolean mask of ``shape``, each element False (dropped) with probability drop / 2¹⁵.
+
+    One 32-bit draw of the CPU generator feeds two elements: ``random_()`` on int32 gives 31
+    uniform bits, read as two int16 halves whose low 15 bits are uniform on [0, 2¹⁵). ``bernoulli_``
+    draws a float per element; the generator and its seeding are the same.
+    """
+    numel = math.prod(shape)
+    halves = torch.empty((numel + 1) // 2, dtype=torch.int32).random_().view(torch.int16)
+    keep = halves.bitwise_and_(_DROPOUT_LEVELS - 1) >= drop
+    return keep[:numel].view(shape)
+
+
+class _CpuDropout(torch.autograd.Function):
+    """Inverted dropout x · mask / (1 − p) with the mask of :func:`_keep_mask`, kept as booleans
+    (``F.dropout`` keeps a float32 mask on the CPU, four times larger)."""
+
+    @staticmethod
+    def forward(hidden_states: torch.Tensor, drop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        keep = _keep_mask(hidden_states.shape, drop)
+        scale = _DROPOUT_LEVELS / (_DROPOUT_LEVELS - drop)  # 1 / (1 − p) for the rounded p
+        return torch.where(keep, hidden_states, 0.0).mul_(scale), keep
+
+    @staticmethod
+    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
+        _, drop = inputs
+        ctx.save_for_backward(output[1])
+        ctx.scale = _DROPOUT_LEVELS / (_DROPOUT_LEVELS - drop)
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor, _grad_keep: torch.Tensor | None
+    ) -> tuple[torch.Tensor, None]:
+        (keep,) = ctx.saved_tensors
+        return torch.where(keep, grad, 0.0).mul_(ctx.scale), None
+
+
+def dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``F.dropout(hidden_states, p, training)``; on the CPU, when p is a multiple of 2⁻¹⁵ to within
+    0.1 % of itself (0.1 → 0.100006), the same inverted dropout with the mask of :func:`_keep_mask`.
+    The one visible difference: the drop rate is that rounded p."""
+    if not training or p == 0.0:
+        return hidden_states
+    drop = round(p * _DROPOUT_LEVELS)
+    if (
+        enabled()
+        and hidden_states.device.type == "cpu"
+        and 0 < drop < _DROPOUT_LEVELS
+        and abs(drop / _DROPOUT_LEVELS - p) <= 1e-3 * p
+        and not _transformed(hidden_states)
+    ):
+        return _CpuDropout.apply(hidden_states, drop)[0]
+    return F.dropout(hidden_states, p, training)
+
+
+# --------------------------------------------------------------------------------------------------
+# Incremental decoding: a self-attention cache that grows in place
+# --------------------------------------------------------------------------------------------------
+def _growable_layer(cache: object, layer_idx: int, tensor: torch.Tensor) -> object | None:
+    """The layer of a plain ``DynamicCache`` (no offloading) in eager inference, else None (then the
+    cache's own update is used). With gradients enabled the in-place writes would overwrite keys and
+    values that an earlier step saved for its backward pass; under compilation the buffer checks
+    would break the graph."""
+    if not enabled() or torch.is_grad_enabled() or _transformed(tensor):
+        return None
+    if type(cache) is not DynamicCache or cache.offloading or layer_idx >= len(cache.layers):
+        return None
+    layer = cache.layers[layer_idx]
+    return layer if type(layer) is DynamicLayer else None
+
+
+def _store_with_room(layer: object, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+    """Copy (B, H, P, Dh) keys/values into new buffers of ``capacity`` positions; the layer then holds
+    (B, H, P, Dh) views of them, and the buffers are kept on the layer to be filled in place."""
+    shape = (keys.shape[0], keys.shape[1], capacity, keys.shape[3])
+    buffers = (keys.new_empty(shape), values.new_empty(shape))
+    length = keys.shape[2]
+    buffers[0][:, :, :length].copy_(keys)
+    buffers[1][:, :, :length].copy_(values)
+    layer.keys, layer.values = buffers[0][:, :, :length], buffers[1][:, :, :length]
+    layer._hf_vanilla_buffers = buffers
+
+
+def _room_for(layer: object, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The layer's buffers if its keys/values are still views of them (no one replaced them) with room
+    for ``length`` positions."""
+    buffers = getattr(layer, "_hf_vanilla_buffers", None)
+    if buffers is None or layer.keys is None or layer.keys.dim() != 4:
+        return None
+    for view, buffer in zip((layer.keys, layer.values), buffers, strict=True):
+        if view.data_ptr() != buffer.data_ptr() or view.stride() != buffer.stride() or view.shape[0] != batch:
+            return None
+    return buffers if length <= buffers[0].shape[2] else None
+
+
+def update_self_attention_cache(
+    cache: object, key: torch.Tensor, value: torch.Tensor, layer_idx: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cache.update(key, value, layer_idx)``: append (B, H, T, Dh) keys/values and return all
+    (B, H, P + T, Dh) of them.
+
+    ``DynamicLayer.update`` concatenates, copying the whole cache at every step (O(P) per token,
+    O(N²) per sentence). For a plain ``DynamicCache`` in eager inference the cache lives here in
+    buffers with spare positions (capacity doubles when full), so a step writes only its own T
+    positions; the layer's ``keys``/``values`` stay plain (B, H, P + T, Dh) tensors (views) for
+    everything else in transformers.
+    """
+    layer = _growable_layer(cache, layer_idx, key)
+    if layer is None:
+        return cache.update(key, value, layer_idx)
+    past = layer.get_seq_length()
+    total = past + key.shape[2]
+    buffers = _room_for(layer, key.shape[0], total)
+    if buffers is None:
+        if not layer.is_initialized:
+            layer.lazy_initialization(key, value)
+        old_keys = layer.keys if past else key[:, :, :0]
+        old_values = layer.values if past else value[:, :, :0]
+        _store_with_room(layer, old_keys, old_values, capacity=2 * total if past else total + 16)
+        buffers = layer._hf_vanilla_buffers
+    buffers[0][:, :, past:total].copy_(key)
+    buffers[1][:, :, past:total].copy_(value)
+    layer.keys, layer.values = buffers[0][:, :, :total], buffers[1][:, :, :total]
+    return layer.keys, layer.values
+
+
+def reorder_self_attention_cache(cache: object, beam_idx: torch.Tensor) -> None:
+    """``cache.reorder_cache(beam_idx)`` for beam search; for the layers grown by
+    :func:`update_self_attention_cache`, the surviving hypotheses' rows are gathered straight into
+    buffers with room for the next step, so reordering and the next append copy the cache once."""
+    for layer_idx in range(len(cache.layers)):
+        layer = _growable_layer(cache, layer_idx, beam_idx)
+        if layer is None or layer.get_seq_length() == 0:
+            cache.layers[layer_idx].reorder_cache(beam_idx)
+            continue
+        length = layer.keys.shape[2]
+        shape = (beam_idx.shape[0], layer.keys.shape[1], length + 1, layer.keys.shape[3])
+        buffers = (layer.keys.new_empty(shape), layer.values.new_empty(shape))
+        index = beam_idx.to(layer.keys.device)
+        torch.index_select(layer.keys, 0, index, out=buffers[0][:, :, :length])
+        torch.index_select(layer.values, 0, index, out=buffers[1][:, :, :length])
+        layer.keys, layer.values = buffers[0][:, :, :length], buffers[1][:, :, :length]
+        layer._hf_vanilla_buffers = buffers
+
+
+# --------------------------------------------------------------------------------------------------
+# Training: the pre-softmax projection and the label-smoothed loss as one autograd node
+# --------------------------------------------------------------------------------------------------
+#: Blocks of the (N, V) logits that the loss works through at a time: about 8 MB of fp32, so each
+#: block stays in the last-level cache between the passes over it.
+_LOSS_BLOCK_ELEMENTS = 2**21
+
+
+def _logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
+    """(N, V) → (N,) log Σ exp over the vocabulary (max-shifted, as ``torch.logsumexp``), a block of
+    rows at a time through one reused buffer: ``torch.logsumexp`` allocates an (N, V) temporary."""
+    rows, vocab = logits.shape
+    lse = logits.new_empty(rows)
+    step = max(1, _LOSS_BLOCK_ELEMENTS // vocab)
+    buffer = logits.new_empty(min(step, rows), vocab)
+    for start in range(0, rows, step):
+        block = logits[start : start + step]
+        peak = block.amax(dim=-1, keepdim=True)  # (r, 1)
+        peak.masked_fill_(peak.isinf(), 0.0)  # rows of ±inf: no shift, as torch.logsumexp
+        work = torch.sub(block, peak, out=buffer[: block.shape[0]]).exp_()
+        torch.sum(work, dim=-1, out=lse[start : start + step]).log_().add_(peak.squeeze(1))
+    return lse
+
+
+def _loss_gradient(
+    out: torch.Tensor,
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    target: torch.Tensor,
+    row_scale: torch.Tensor,
+    smoothing: float,
+    start: int,
+) -> torch.Tensor:
+    """Write ∂loss/∂z for vocabulary entries [start, start + V_b) into ``out`` (N, V_b) and return
+    it: row_scale · (softmax(z) − ε/V − (1 − ε)·onehot(y)). logits (N, V), lse, target (N,),
+    row_scale (N, 1): the loss's incoming gradient, 0 on ignored rows."""
+    stop = start + out.shape[1]
+    torch.sub(logits[:, start:stop], lse[:, None], out=out).exp_()  # softmax
+    if smoothing:
+        out.sub_(smoothing / logits.shape[1])
+    # −(1 − ε) at each row's label when it falls in this block; other rows add 0
+    local = target - start
+    inside = (local >= 0) & (local < out.shape[1])
+    onehot = torch.where(inside, smoothing - 1.0, 0.0).to(out.dtype)[:, None]
+    out.scatter_add_(1, local.clamp(0, out.shape[1] - 1)[:, None], onehot)
+    return out.mul_(row_scale)
+
+
+class _LinearSmoothedCrossEntropySum(torch.autograd.Function):
+    """logits z = x Wᵀ (+ b), (N, D) → (N, V), and Σ over rows not labelled -100 of
+    (1 − ε)·(lse − z_y) + ε·(lse − mean(z)): the value, logits and every gradient of ``F.linear``
+    followed by ``F.cross_entropy(..., label_smoothing=ε, reduction="sum")``.
+
+    Only the backward pass differs in how it works: the gradient of the loss with respect to the
+    logits, softmax(z) − (1 − ε)·onehot(y) − ε/V per row, exists a block of about 8 MB of the
+    vocabulary at a time, each block multiplied into ∂x += g W_b and ∂W_b = gᵀ x while in cache, so
+    the (N, V) gradient is never materialised. Gradients that reach the returned logits from
+    elsewhere (another loss on them) are added per block.
+    """
+
+    @staticmethod
+    def forward(
+        hidden_states: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        labels: torch.Tensor,
+        smoothing: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = F.linear(hidden_states, weight, bias)  # (N, V)
+        valid = labels != -100  # (N,)
+        target = labels.masked_fill(~valid, 0)
+        lse = _logsumexp_rows(logits)
+        per_row = lse - logits.gather(1, target[:, None]).squeeze(1)  # −log p(y)
+        if smoothing:
+            per_row = (1.0 - smoothing) * per_row + smoothing * (lse - logits.mean(dim=-1))
+        return torch.where(valid, per_row, 0.0).sum(), logits, lse
+
+    @staticmethod
+    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
+        hidden_states, weight, _, labels, smoothing = inputs
+        _, logits, lse = output
+        valid = labels != -100
+        ctx.save_for_backward(hidden_states, weight, logits, lse, labels.masked_fill(~valid, 0), valid)
+        ctx.smoothing = smoothing
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # no (N, V) zeros when nothing else uses the logits
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx,
+        grad_total: torch.Tensor | None,
+        grad_logits: torch.Tensor | None,
+        _grad_lse: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None, None]:
+        hidden_states, weight, logits, lse, target, valid = ctx.saved_tensors
+        rows, vocab = logits.shape
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.zeros_like(hidden_states) if need_hidden else None
+        grad_weight = torch.empty_like(weight) if need_weight else None
+        grad_bias = weight.new_empty(vocab) if need_bias else None
+        row_scale = (grad_total * valid)[:, None] if grad_total is not None else None  # (N, 1)
+        width = min(vocab, max(1024, _LOSS_BLOCK_ELEMENTS // max(rows, 1)))
+        buffer = logits.new_empty(rows, width)
+        for start in range(0, vocab, width):
+            stop = min(start + width, vocab)
+            block = buffer[:, : stop - start]  # (N, V_b): ∂loss/∂z for vocabulary entries [start, stop)
+            if row_scale is None:
+                block.zero_()
+            else:
+                _loss_gradient(block, logits, lse, target, row_scale, ctx.smoothing, start)
+            if grad_logits is not None:
+                block.add_(grad_logits[:, start:stop])
+            if grad_hidden is not None:
+                grad_hidden.addmm_(block, weight[start:stop])
+            if grad_weight is not None:
+                torch.mm(block.t(), hidden_states, out=grad_weight[start:stop])
+            if grad_bias is not None:
+                torch.sum(block, dim=0, out=grad_bias[start:stop])
+        return grad_hidden, grad_weight, grad_bias, None, None
+
+
+def linear_cross_entropy(
+    lm_head: nn.Module,
+    hidden_states: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    smoothing: float,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The summed label-smoothed loss and the (N, V) logits of hidden states (N, D) through a
+    bias-free stock ``lm_head`` (plus ``bias``, if any) in one autograd node, in fp32 CPU training;
+    ``None`` where that does not apply (then the caller runs ``lm_head`` and ``F.cross_entropy``)."""
+    weight = getattr(lm_head, "weight", None)
+    if not (
+        enabled()
+        and torch.is_grad_enabled()
+        and _stock_linear(lm_head)
+        and lm_head.bias is None
+        and _cpu_fp32(hidden_states, weight)
+        and not _transformed(hidden_states)
+    ):
+        return None
+    total, logits, _ = _LinearSmoothedCrossEntropySum.apply(hidden_states, weight, bias, labels, smoothing)
+    return total, logits
