@@ -208,11 +208,13 @@ class VanillaTransformerConfig(PretrainedConfig):
         vocabulary, which would overwrite ``vocab_size`` with ``None``. Generation (cache construction,
         generation defaults, assisted decoding) reads the decoder side's ``vocab_size``, so it is set to
         :attr:`target_vocab_size` here — also right after ``resize_token_embeddings``, which updates
-        ``vocab_size`` only.
+        ``vocab_size`` only. The decoder view keeps ``decoder_vocab_size = None`` ("the same as
+        ``vocab_size``"), so that it can be flattened again (generation does).
         """
         text_config = super().get_text_config(decoder=decoder, encoder=encoder)
-        if decoder and not encoder:
+        if decoder and not encoder and text_config is not self:
             text_config.vocab_size = self.target_vocab_size
+            text_config.decoder_vocab_size = None
         return text_config
 
     def validate_architecture(self) -> None:
