@@ -65,6 +65,7 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 from transformers.utils.generic import can_return_tuple
+from transformers.utils.loading_report import LoadStateDictInfo
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 
@@ -666,6 +667,24 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
         if isinstance(getattr(module, "final_logits_bias", None), torch.Tensor):
             init.zeros_(module.final_logits_bias)  # deviation 6 (Marian's bias), zero unless loaded
+
+    def mark_tied_weights_as_initialized(self, loading_info: LoadStateDictInfo) -> None:
+        """``PreTrainedModel.mark_tied_weights_as_initialized``, keeping a tie's missing source missing.
+
+        While loading, transformers flags every tied *target* (``encoder.embed_tokens.weight``, ...)
+        as initialised; here a target is the very Parameter of its source (``shared.weight``), so the
+        source is flagged too, and for a model outside transformers every flagged key is then dropped
+        from the missing keys. A checkpoint without the embedding would leave ``shared.weight``
+        unreported, never initialised and on the meta device. A source that no checkpoint key loaded
+        stays missing: it is reported as Marian reports it, moved off the meta device and initialised.
+        """
+        unloaded_sources = {
+            key
+            for key in set(self.all_tied_weights_keys.values()) & loading_info.missing_keys
+            if not getattr(self.get_parameter_or_buffer(key), "_is_hf_initialized", False)
+        }
+        super().mark_tied_weights_as_initialized(loading_info)
+        loading_info.missing_keys |= unloaded_sources
 
 
 # --------------------------------------------------------------------------------------------------
