@@ -64,6 +64,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.loading_report import LoadStateDictInfo
 
@@ -908,6 +909,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         return self.decoder
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # as transformers' own models
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -921,11 +923,10 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        past_key_values: Cache | None = None,
         **kwargs: object,
     ) -> Seq2SeqModelOutput:
-        """Source (B, S) and decoder inputs (B, T) → decoder output (B, T, D)."""
-        cache = cache if cache is not None else past_key_values
+        """Source (B, S) and decoder inputs (B, T) → decoder output (B, T, D). The old name of
+        ``cache``, ``past_key_values``, still works and gives transformers' deprecation warning."""
         if cache is not None and not isinstance(cache, EncoderDecoderCache):
             raise TypeError(
                 f"`cache` must be an EncoderDecoderCache (self- and cross-attention), got {type(cache).__name__}."
@@ -1247,6 +1248,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # as transformers' own models
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -1262,7 +1264,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
         **kwargs: object,
     ) -> Seq2SeqLMOutput:
         """Logits (B, T, V) over the shared vocabulary; with ``labels`` (B, T) also the loss.
@@ -1271,6 +1272,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         shifting them right, the labels themselves are not shifted again. The loss is the sum of the
         (label-smoothed) token cross-entropies divided by ``num_items_in_batch`` when the Trainer
         passes it (gradient accumulation, several processes), else by this batch's label count.
+        ``past_key_values``, the old name of ``cache``, still works and gives transformers' deprecation
+        warning; the output carries the cache as ``cache`` (``past_key_values`` is its deprecated alias).
         """
         if labels is not None:
             use_cache = False
@@ -1282,7 +1285,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            cache=cache if cache is not None else past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
