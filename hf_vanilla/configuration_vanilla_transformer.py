@@ -101,7 +101,9 @@ class VanillaTransformerConfig(PretrainedConfig):
             fairseq models with separate dictionaries have; a tied pre-softmax projection then shares
             the decoder embedding.
         decoder_vocab_size: the target vocabulary size when the embeddings are not shared (``None``:
-            the same as ``vocab_size``). ``vocab_size`` is then the source vocabulary size.
+            the same as ``vocab_size``). ``vocab_size`` is then the source vocabulary size. Either way
+            ``get_text_config(decoder=True).vocab_size`` is the target size and
+            ``get_text_config(encoder=True).vocab_size`` the source size, as for Marian.
     """
 
     model_type = "vanilla_transformer"
@@ -197,6 +199,23 @@ class VanillaTransformerConfig(PretrainedConfig):
     def target_vocab_size(self) -> int:
         """Size of the target vocabulary: the decoder embedding and the pre-softmax projection."""
         return self.vocab_size if self.decoder_vocab_size is None else self.decoder_vocab_size
+
+    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> PretrainedConfig:
+        """``PretrainedConfig.get_text_config``, with the target vocabulary size on the decoder side.
+
+        transformers flattens an encoder-decoder config for one side by renaming its ``decoder_*`` (or
+        ``encoder_*``) fields to the plain names; ``decoder_vocab_size`` is ``None`` for one shared
+        vocabulary, which would overwrite ``vocab_size`` with ``None``. Generation (cache construction,
+        generation defaults, assisted decoding) reads the decoder side's ``vocab_size``, so it is set to
+        :attr:`target_vocab_size` here — also right after ``resize_token_embeddings``, which updates
+        ``vocab_size`` only. The decoder view keeps ``decoder_vocab_size = None`` ("the same as
+        ``vocab_size``"), so that it can be flattened again (generation does).
+        """
+        text_config = super().get_text_config(decoder=decoder, encoder=encoder)
+        if decoder and not encoder and text_config is not self:
+            text_config.vocab_size = self.target_vocab_size
+            text_config.decoder_vocab_size = None
+        return text_config
 
     def validate_architecture(self) -> None:
         """Raise a ``ValueError`` naming the field and the fix for any invalid setting."""

@@ -69,7 +69,9 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
+from transformers.utils.loading_report import LoadStateDictInfo
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .fast_paths import dropout as fast_dropout
@@ -528,6 +530,24 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         if isinstance(getattr(module, "final_logits_bias", None), torch.Tensor):
             init.zeros_(module.final_logits_bias)  # deviation 6 (Marian's bias), zero unless loaded
 
+    def mark_tied_weights_as_initialized(self, loading_info: LoadStateDictInfo) -> None:
+        """``PreTrainedModel.mark_tied_weights_as_initialized``, keeping a tie's missing source missing.
+
+        While loading, transformers flags every tied *target* (``encoder.embed_tokens.weight``, ...)
+        as initialised; here a target is the very Parameter of its source (``shared.weight``), so the
+        source is flagged too, and for a model outside transformers every flagged key is then dropped
+        from the missing keys. A checkpoint without the embedding would leave ``shared.weight``
+        unreported, never initialised and on the meta device. A source that no checkpoint key loaded
+        stays missing: it is reported as Marian reports it, moved off the meta device and initialised.
+        """
+        unloaded_sources = {
+            key
+            for key in set(self.all_tied_weights_keys.values()) & loading_info.missing_keys
+            if not getattr(self.get_parameter_or_buffer(key), "_is_hf_initialized", False)
+        }
+        super().mark_tied_weights_as_initialized(loading_info)
+        loading_info.missing_keys |= unloaded_sources
+
 
 # --------------------------------------------------------------------------------------------------
 # §3.1 The encoder and decoder stacks, §3.4 embeddings
@@ -750,6 +770,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         return self.decoder
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # as transformers' own models
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -763,11 +784,10 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        past_key_values: Cache | None = None,
         **kwargs: object,
     ) -> Seq2SeqModelOutput:
-        """Source (B, S) and decoder inputs (B, T) → decoder output (B, T, D)."""
-        cache = cache if cache is not None else past_key_values
+        """Source (B, S) and decoder inputs (B, T) → decoder output (B, T, D). The old name of
+        ``cache``, ``past_key_values``, still works and gives transformers' deprecation warning."""
         if cache is not None and not isinstance(cache, EncoderDecoderCache):
             raise TypeError(
                 f"`cache` must be an EncoderDecoderCache (self- and cross-attention), got {type(cache).__name__}."
@@ -936,6 +956,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # as transformers' own models
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -951,7 +972,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
         **kwargs: object,
     ) -> Seq2SeqLMOutput:
         """Logits (B, T, V) over the shared vocabulary; with ``labels`` (B, T) also the loss.
@@ -960,6 +980,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         shifting them right, the labels themselves are not shifted again. The loss is the sum of the
         (label-smoothed) token cross-entropies divided by ``num_items_in_batch`` when the Trainer
         passes it (gradient accumulation, several processes), else by this batch's label count.
+        ``past_key_values``, the old name of ``cache``, still works and gives transformers' deprecation
+        warning; the output carries the cache as ``cache`` (``past_key_values`` is its deprecated alias).
         """
         if labels is not None:
             use_cache = False
@@ -971,7 +993,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            cache=cache if cache is not None else past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,

@@ -123,3 +123,32 @@ def test_invalid_configurations_name_the_field(overrides: dict, field: str) -> N
 def test_head_divisibility_error_suggests_a_fix() -> None:
     with pytest.raises(ValueError, match=r"divisible.*Choose e\.g\. encoder_attention_heads=6"):
         VanillaTransformerConfig(d_model=30, encoder_attention_heads=8, decoder_attention_heads=6)
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_text_config_of_each_side(separate: bool) -> None:
+    """transformers flattens the config per side (``decoder_*`` fields renamed to the plain names);
+    generation reads the decoder side's sizes, so each must be that side's own."""
+    extra = {"share_encoder_decoder_embeddings": False, "decoder_vocab_size": 80} if separate else {}
+    config = VanillaTransformerConfig(
+        vocab_size=100,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=8,
+        **extra,
+    )
+    decoder, encoder = config.get_text_config(decoder=True), config.get_text_config(encoder=True)
+    sizes = ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers")
+    assert [getattr(decoder, name) for name in sizes] == [80 if separate else 100, 32, 8, 3]
+    assert [getattr(encoder, name) for name in sizes] == [100, 32, 4, 2]
+    assert config.get_text_config() is config  # both sides at once: the config itself, unchanged
+
+
+def test_decoder_text_config_follows_resized_embeddings() -> None:
+    config = VanillaTransformerConfig(vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1)
+    model = VanillaTransformerForConditionalGeneration(config)
+    model.resize_token_embeddings(120)
+    assert model.config.get_text_config(decoder=True).vocab_size == 120
+    assert model.get_output_embeddings().weight.shape[0] == 120
