@@ -320,8 +320,6 @@ CHECKS: list[Callable[[Side], object]] = [
 
 #: (check, side) pairs that fail today; strict, so each is flipped when it starts to pass.
 EXPECTED_FAILURES: dict[tuple[str, str], str] = {
-    ("check_static_cache", "hf_vanilla"): "static cache refused (lead's restructure adds it, issue 15)",
-    ("check_compile", "hf_vanilla"): "no static cache, _can_compile_fullgraph False (issue 15)",
 }
 
 

@@ -231,6 +231,83 @@ def test_cross_attention_keys_and_values_are_computed_once(model, batch) -> None
     assert len(calls) == 1
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_beams": 1},
+        {"num_beams": 3},
+        {"num_beams": 1, "do_sample": True},
+        {"num_beams": 3, "num_return_sequences": 2},
+    ],
+    ids=["greedy", "beam", "sampling", "beam-nbest"],
+)
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_static_cache_equals_dynamic_cache(model, batch, kwargs: dict, attn_implementation: str) -> None:
+    """generate(cache_implementation="static"), the route to compiled decoding, gives the dynamic
+    cache's tokens, with padding, with the §6.1 default bound and with explicit lengths."""
+    model.config._attn_implementation = attn_implementation
+    source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    for lengths in ({"max_new_tokens": 12}, {}):
+        torch.manual_seed(0)
+        dynamic = model.generate(**source, **lengths, **kwargs)
+        torch.manual_seed(0)
+        static = model.generate(**source, **lengths, cache_implementation="static", **kwargs)
+        assert torch.equal(static, dynamic), lengths
+
+
+def _static_cache(model: VanillaTransformerForConditionalGeneration, source_length: int) -> object:
+    from transformers.cache_utils import EncoderDecoderCache, StaticCache
+
+    return EncoderDecoderCache(
+        StaticCache(config=model.config, max_cache_len=16),
+        StaticCache(config=model.config, max_cache_len=source_length),
+    )
+
+
+def test_compiled_decoding_step_has_no_graph_break_and_equals_the_full_forward(
+    model, batch, monkeypatch
+) -> None:
+    """torch.compile(model.forward, fullgraph=True) on a cached decoding step (a static cache): no graph
+    break, so no host sync or data-dependent control flow on the GPU path (fast paths off)."""
+    monkeypatch.setenv("HF_VANILLA_FAST_PATHS", "0")
+    source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    forward = torch.compile(model.forward, fullgraph=True)
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(**source)
+        cache = _static_cache(model, batch["input_ids"].shape[1])
+        decoder_input_ids = torch.ones(2, 1, dtype=torch.long)
+        step = {
+            "encoder_outputs": encoder_outputs,
+            "attention_mask": source["attention_mask"],
+            "use_cache": True,
+        }
+        out = model(decoder_input_ids=decoder_input_ids, cache=cache, **step)  # the first step, eager
+        for _ in range(3):
+            next_ids = out.logits[:, -1].argmax(dim=-1, keepdim=True)
+            decoder_input_ids = torch.cat([decoder_input_ids, next_ids], dim=1)
+            out = forward(decoder_input_ids=next_ids, cache=cache, **step)
+        full = model(**source, decoder_input_ids=decoder_input_ids)
+    torch.testing.assert_close(out.logits[:, -1], full.logits[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_training_step_has_no_graph_break_and_equals_eager(batch, monkeypatch) -> None:
+    """torch.compile(model, fullgraph=True) of forward + backward with padding and labels (the GPU
+    training path: fast paths off) compiles without a graph break and gives eager's loss and gradients."""
+    monkeypatch.setenv("HF_VANILLA_FAST_PATHS", "0")
+    model = tiny_model(dropout=0.0).train()
+    compiled = torch.compile(model, fullgraph=True)
+    results = []
+    for run in (compiled, model):
+        model.zero_grad(set_to_none=True)
+        loss = run(**batch).loss
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (loss, grads), (expected_loss, expected_grads) = results
+    torch.testing.assert_close(loss, expected_loss)
+    for got, expected in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["greedy", "beam"])
 def test_generate_with_cache_equals_without(model, batch, mode: str) -> None:
     kwargs = (
