@@ -319,8 +319,7 @@ CHECKS: list[Callable[[Side], object]] = [
 ]
 
 #: (check, side) pairs that fail today; strict, so each is flipped when it starts to pass.
-EXPECTED_FAILURES: dict[tuple[str, str], str] = {
-}
+EXPECTED_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def _sdpa_difference(ours: dict, marian: dict) -> None:
