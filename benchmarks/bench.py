@@ -20,6 +20,7 @@ two cores at ``--size base``.
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
@@ -68,7 +69,10 @@ class BenchArguments:
     )
     cases: str = field(
         default="train,generate,linear,memory",
-        metadata={"help": "Comma-separated subset of: train, generate, linear, memory, multi30k."},
+        metadata={
+            "help": "Comma-separated subset of: train, generate, linear, memory, multi30k, compiled "
+            "(hf_vanilla with a static cache and torch.compile against itself eager; off by default)."
+        },
     )
     repeats: int | None = field(
         default=None, metadata={"help": "Timed repeats per model and case (default 5, 3 with --quick)."}
@@ -505,6 +509,46 @@ def run_generate(
     )
 
 
+def run_compiled(
+    ours: VanillaTransformerForConditionalGeneration,
+    config: VanillaTransformerConfig,
+    args: BenchArguments,
+    batch: int,
+    beams: int,
+    new_tokens: int,
+    repeats: int,
+) -> dict[str, Any]:
+    """Compiled decoding — a static cache and ``torch.compile(model.forward)``, transformers' route to
+    fast generation — against the same model's eager decoding with its growing cache, interleaved."""
+    generator = torch.Generator().manual_seed(args.seed + 2)
+    source = random_batch(config.vocab_size, batch, args.source_length, generator)
+    eager_config = generation_config(beams, new_tokens)
+    static_config = copy.deepcopy(eager_config)
+    static_config.cache_implementation = "static"
+    compiled = copy.deepcopy(ours)
+    compiled.forward = torch.compile(compiled.forward, fullgraph=True)
+    run_compiled_generate = make_generate(compiled, source, static_config, new_tokens)
+    start = time.perf_counter()
+    run_compiled_generate()  # compiles
+    compile_seconds = time.perf_counter() - start
+    timings = interleave(
+        {"eager": make_generate(ours, source, eager_config, new_tokens), "compiled": run_compiled_generate},
+        args.warmup,
+        repeats,
+        args.clock,
+    )
+    ratios = [e / c for e, c in zip(timings["eager"].seconds, timings["compiled"].seconds, strict=True)]
+    search = "greedy" if beams == 1 else f"beam {beams}"
+    return {
+        "case": f"generate {search}, batch {batch}, {args.source_length}→{new_tokens} tokens",
+        "compile_seconds": compile_seconds,
+        "eager_ms_per_token": timings["eager"].median * 1e3 / new_tokens,
+        "compiled_ms_per_token": timings["compiled"].median * 1e3 / new_tokens,
+        "speedup": statistics.median(ratios),
+        "speedup_range": [min(ratios), max(ratios)],
+    }
+
+
 def _rss_bytes(field_name: str) -> int:
     """``VmRSS`` (resident now) or ``VmHWM`` (resident high-water mark) of this process, in bytes."""
     with open("/proc/self/status", encoding="ascii") as handle:
@@ -765,10 +809,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         memory_child(args)
         return
     cases = {c.strip() for c in args.cases.split(",") if c.strip()}
-    unknown = cases - {"train", "generate", "linear", "memory", "multi30k"}
+    unknown = cases - {"train", "generate", "linear", "memory", "multi30k", "compiled"}
     if unknown:
         raise ValueError(
-            f"Unknown --cases {sorted(unknown)}: choose from train, generate, linear, memory, multi30k."
+            f"Unknown --cases {sorted(unknown)}: choose from train, generate, linear, memory, multi30k, compiled."
         )
     if args.multi30k is not None:
         cases.add("multi30k")
@@ -814,6 +858,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "train" in cases:
         rows.insert(0, run_train(ours, marian, ours_config, args, repeats))
         progress(rows[0])
+    compiled = []
+    if "compiled" in cases:
+        for batch, beams in ((1, 1), (args.batch_size, 4)):
+            compiled.append(run_compiled(ours, ours_config, args, batch, beams, new_tokens, repeats))
+            c = compiled[-1]
+            print(
+                f"# compiled {c['case']}: eager {c['eager_ms_per_token']:.1f}, compiled "
+                f"{c['compiled_ms_per_token']:.1f} ms/new token, speed-up {c['speedup']:.2f} "
+                f"[{c['speedup_range'][0]:.2f}–{c['speedup_range'][1]:.2f}], compiled in {c['compile_seconds']:.0f} s",
+                flush=True,
+            )
     multi30k = run_multi30k(ours, marian, ours_config, args) if "multi30k" in cases else None
     memory = run_memory(args) if "memory" in cases else None
     # The machine may be shared: measure the peak and the bandwidth again at the end, keep the best.
@@ -845,6 +900,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "floor_ms": floor_ms,
                     "floor_bytes": floor_bytes,
                     "multi30k": multi30k,
+                    "compiled": compiled,
                 },
                 handle,
                 indent=1,
