@@ -72,6 +72,7 @@ from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.loading_report import LoadStateDictInfo
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .fast_paths import dropout as fast_dropout
@@ -571,13 +572,21 @@ def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> Non
         )
 
 
-class VanillaTransformerEncoder(nn.Module):
+class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
     """§3.1 encoder: N identical layers over Dropout(√d_model · Embedding(x) + PE) (§3.4, §3.5, §5.4).
-    There is no final LayerNorm: the last layer's post-LN output is the encoder output."""
+    There is no final LayerNorm: the last layer's post-LN output is the encoder output.
+
+    ``output_hidden_states`` / ``output_attentions`` are recorded by transformers' output-capturing
+    hooks (``_can_record_outputs``), as in its own models: each layer's output, the embedding output
+    first, and each self-attention's weights."""
+
+    _can_record_outputs = {
+        "hidden_states": VanillaTransformerEncoderLayer,
+        "attentions": VanillaTransformerAttention,
+    }
 
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = VanillaTransformerPositionalEncoding.from_config(config)
@@ -585,14 +594,15 @@ class VanillaTransformerEncoder(nn.Module):
             [VanillaTransformerEncoderLayer(config) for _ in range(config.encoder_layers)]
         )
         self.dropout = config.dropout
+        self.post_init()
 
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         **kwargs: object,
     ) -> BaseModelOutput:
         """input_ids (B, S) → last_hidden_state (B, S, D); ``hidden_states[0]`` is the embedding output."""
@@ -609,27 +619,27 @@ class VanillaTransformerEncoder(nn.Module):
         mask = build_attention_mask(
             attention_mask, hidden_states.shape[1], hidden_states.shape[1], causal=False
         )
-
-        all_hidden = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         for layer in self.layers:
-            hidden_states, weights = layer(hidden_states, mask, output_attentions=bool(output_attentions))
-            if output_hidden_states:
-                all_hidden += (hidden_states,)
-            if output_attentions:
-                all_attentions += (weights,)
-        return BaseModelOutput(
-            last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=all_attentions
-        )
+            hidden_states, _ = layer(hidden_states, mask, output_attentions=bool(output_attentions))
+        return BaseModelOutput(last_hidden_state=hidden_states)
 
 
-class VanillaTransformerDecoder(nn.Module):
+class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
     """§3.1 decoder: N identical layers over Dropout(√d_model · Embedding(y) + PE), with the
-    self-attention masked so that position i sees only positions ≤ i. No final LayerNorm."""
+    self-attention masked so that position i sees only positions ≤ i. No final LayerNorm.
+
+    Hidden states, self-attention and cross-attention weights are recorded by transformers'
+    output-capturing hooks, as for the encoder."""
+
+    _can_record_outputs = {
+        "hidden_states": VanillaTransformerDecoderLayer,
+        "attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="encoder_attn"),
+    }
 
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = VanillaTransformerPositionalEncoding.from_config(config)
@@ -637,7 +647,9 @@ class VanillaTransformerDecoder(nn.Module):
             [VanillaTransformerDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)]
         )
         self.dropout = config.dropout
+        self.post_init()
 
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -648,7 +660,6 @@ class VanillaTransformerDecoder(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         **kwargs: object,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """input_ids (B, T) and encoder output (B, S, D) → last_hidden_state (B, T, D)."""
@@ -674,6 +685,7 @@ class VanillaTransformerDecoder(nn.Module):
         )
         hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
 
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         key_length = (
             cache.self_attention_cache.get_mask_sizes(length, 0)[0] if cache is not None else length
         )  # P + T, or a static cache's capacity
@@ -702,11 +714,8 @@ class VanillaTransformerDecoder(nn.Module):
             encoder_attention_mask, length, encoder_hidden_states.shape[1], causal=False
         )
 
-        all_hidden = (hidden_states,) if output_hidden_states else None
-        all_self = () if output_attentions else None
-        all_cross = () if output_attentions else None
         for layer in self.layers:
-            hidden_states, self_weights, cross_weights = layer(
+            hidden_states, _, _ = layer(
                 hidden_states,
                 encoder_hidden_states,
                 attention_mask=self_mask,
@@ -714,17 +723,8 @@ class VanillaTransformerDecoder(nn.Module):
                 cache=cache,
                 output_attentions=bool(output_attentions),
             )
-            if output_hidden_states:
-                all_hidden += (hidden_states,)
-            if output_attentions:
-                all_self += (self_weights,)
-                all_cross += (cross_weights,)
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
-            cache=cache if use_cache else None,
-            hidden_states=all_hidden,
-            attentions=all_self,
-            cross_attentions=all_cross,
+            last_hidden_state=hidden_states, cache=cache if use_cache else None
         )
 
 
@@ -1091,7 +1091,20 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     ) -> torch.Tensor:
         """``GenerationMixin.generate`` with the §6.1 length bound as the default: when no
         ``max_length``/``max_new_tokens`` is set anywhere, each sentence may produce at most its own
-        source length + 50 tokens (never HF's silent 20-token default)."""
+        source length + 50 tokens (never HF's silent 20-token default).
+
+        Continuing from a returned ``cache`` with the full ``decoder_input_ids`` (as ``generate()``
+        returned them): transformers slices off the cached part only when a decoder attention mask
+        as long as the ids says so, so one is given here (without it, every id would be fed again).
+        """
+        cache, decoder_input_ids = kwargs.get("cache"), kwargs.get("decoder_input_ids")
+        if (
+            isinstance(cache, Cache)
+            and decoder_input_ids is not None
+            and kwargs.get("decoder_attention_mask") is None
+            and decoder_input_ids.shape[1] > cache.get_seq_length()
+        ):
+            kwargs["decoder_attention_mask"] = torch.ones_like(decoder_input_ids)
         config = generation_config if generation_config is not None else self.generation_config
         bounded = any(
             value is not None

@@ -574,3 +574,24 @@ def test_remote_code_loads_where_hf_vanilla_is_not_installed(model, batch, tmp_p
     torch.testing.assert_close(remote["logits"], model(**batch).logits, atol=1e-6, rtol=0)
     local = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=5)
     assert torch.equal(remote["generated"], local)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_generate_continued_from_its_cache_equals_one_longer_call(batch, seed: int) -> None:
+    """generate(decoder_input_ids=first.sequences, cache=first.cache) feeds only the new token (the
+    cached positions are not fed again), with a padded source row too."""
+    model = tiny_model(seed=seed)
+    source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    greedy = {"num_beams": 1, "do_sample": False}
+    first = model.generate(
+        **source, max_new_tokens=4, min_new_tokens=4, return_dict_in_generate=True, **greedy
+    )
+    continued = model.generate(
+        **source,
+        decoder_input_ids=first.sequences,
+        cache=first.cache,
+        max_new_tokens=4,
+        min_new_tokens=4,
+        **greedy,
+    )
+    assert torch.equal(continued, model.generate(**source, max_new_tokens=8, min_new_tokens=8, **greedy))
