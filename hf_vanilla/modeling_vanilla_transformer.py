@@ -673,8 +673,10 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
 # --------------------------------------------------------------------------------------------------
 def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> None:
     """Raise a clear error for ids outside [0, V) instead of an index error deep inside torch."""
-    if input_ids.shape[-1] == 0:
-        raise ValueError(f"`{name}` is empty (sequence length 0): give at least one token per row.")
+    if input_ids.numel() == 0:
+        raise ValueError(
+            f"`{name}` is empty (shape {tuple(input_ids.shape)}): give at least one row of at least one token."
+        )
     if torch.compiler.is_compiling():
         return
     low, high = int(input_ids.min()), int(input_ids.max())
@@ -683,6 +685,19 @@ def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> Non
             f"`{name}` contains token id {high if high >= vocab_size else low}, outside the vocabulary "
             f"[0, {vocab_size}). Use the tokenizer the model was trained with, or resize the embeddings "
             "with `model.resize_token_embeddings(len(tokenizer))`."
+        )
+
+
+def _check_labels(labels: torch.Tensor, vocab_size: int) -> None:
+    """Raise a clear error for labels outside [0, V) other than -100 (ignored), instead of an index
+    error inside the loss. Reads the values, so it runs on CPU tensors only (no host sync elsewhere)."""
+    if labels.numel() == 0:
+        return
+    bad = labels[(labels != -100) & ((labels < 0) | (labels >= vocab_size))]
+    if bad.numel():
+        raise ValueError(
+            f"`labels` contain token id {int(bad[0])}, outside the vocabulary [0, {vocab_size}) (-100 marks "
+            "ignored positions). Tokenize the targets with the tokenizer the model was trained with."
         )
 
 
@@ -1254,6 +1269,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         passes it (gradient accumulation, several processes), else by this batch's label count.
         """
         if labels is not None:
+            if labels.device.type == "cpu" and not torch.compiler.is_compiling():
+                _check_labels(labels, self.config.target_vocab_size)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -1384,6 +1401,12 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         """``GenerationMixin.generate`` with the §6.1 length bound as the default: when no
         ``max_length``/``max_new_tokens`` is set anywhere, each sentence may produce at most its own
         source length + 50 tokens (never HF's silent 20-token default)."""
+        source = inputs if inputs is not None else kwargs.get("input_ids")
+        if isinstance(source, torch.Tensor) and source.shape[0] == 0:
+            raise ValueError(
+                "generate() got an empty batch (input_ids of shape "
+                f"{tuple(source.shape)}): give at least one sentence."
+            )
         config = generation_config if generation_config is not None else self.generation_config
         bounded = any(
             value is not None
