@@ -27,6 +27,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from hf_vanilla.checkpointing import atomic_directory
+from hf_vanilla.demo import main as demo_main
 from hf_vanilla.training import ModelArguments, PaperSeq2SeqTrainer, PaperTrainingArguments, build_model
 from hf_vanilla.translate import translate, translate_stream
 
@@ -46,6 +47,9 @@ def _word_tokenizer(words: int = 96) -> PreTrainedTokenizerFast:
 
 
 def script_main(name: str) -> Callable[[list[str]], int]:
+    """``main(argv)`` of ``scripts/<name>.py``, or of ``python -m hf_vanilla.demo`` for ``"demo"``."""
+    if name == "demo":
+        return demo_main
     return runpy.run_path(str(ROOT / "scripts" / f"{name}.py"))["main"]
 
 
@@ -152,6 +156,19 @@ def _translate(*extra: str, model: str | None = None) -> Callable[[World, Path],
     return argv
 
 
+def _evaluate(*extra: str) -> Callable[[World, Path], list[str]]:
+    def argv(world: World, tmp: Path) -> list[str]:
+        return ["--model_name_or_path", str(world.model), "--validation_files", str(world.data), "--source_lang",
+                "en", "--target_lang", "de", "--output_dir", str(tmp / "eval"), "--device", "cpu", *extra]  # fmt: skip
+
+    return argv
+
+
+def _tokenizer_argv(world: World, tmp: Path) -> list[str]:
+    return ["--train_files", str(world.data), "--source_lang", "en", "--target_lang", "de",
+            "--output_dir", str(tmp / "out")]  # fmt: skip
+
+
 def _average(*extra: str, output: str = "out") -> Callable[[World, Path], list[str]]:
     def argv(world: World, tmp: Path) -> list[str]:
         out = world.run if output == "run" else tmp / output
@@ -227,43 +244,15 @@ CLI_CASES: dict[str, Case] = {
     ),
     "evaluate onto existing results": Case(
         "evaluate_bleu",
-        lambda w, t: [
-            "--model_name_or_path",
-            str(w.model),
-            "--validation_files",
-            str(w.data),
-            "--source_lang",
-            "en",
-            "--target_lang",
-            "de",
-            "--output_dir",
-            str(t / "eval"),
-            "--device",
-            "cpu",
-        ],
+        _evaluate(),
         "validation.results.json' already exists",
         lambda w, t: _folder(t, "eval", "validation.results.json") / "validation.results.json",
     ),
-    "evaluate with a smaller tokenizer": Case(
+    "evaluate with a smaller tokenizer over old results": Case(
         "evaluate_bleu",
-        lambda w, t: [
-            "--model_name_or_path",
-            str(w.model),
-            "--tokenizer_name_or_path",
-            str(w.small_tokenizer),
-            "--validation_files",
-            str(w.data),
-            "--source_lang",
-            "en",
-            "--target_lang",
-            "de",
-            "--output_dir",
-            str(t / "eval"),
-            "--device",
-            "cpu",
-        ],
+        lambda w, t: [*_evaluate("--overwrite")(w, t), "--tokenizer_name_or_path", str(w.small_tokenizer)],
         "Tokenizer and model disagree",
-        lambda w, t: _file(t),
+        lambda w, t: _folder(t, "eval", "validation.results.json"),
     ),
     "publish over a hand-written README": Case(
         "publish",
@@ -289,20 +278,21 @@ CLI_CASES: dict[str, Case] = {
         "already exists",
         lambda w, t: _folder(t),
     ),
+    "convert a model that is not Marian or FSMT, --overwrite": Case(
+        "convert",
+        lambda w, t: ["--source", str(w.model), "--output_dir", str(t / "out"), "--overwrite"],
+        "hf_vanilla converts 'marian'",
+        lambda w, t: _folder(t),
+    ),
+    "train a tokenizer too small to exist, --overwrite": Case(
+        "train_tokenizer",
+        lambda w, t: [*_tokenizer_argv(w, t), "--vocab_size", "100", "--overwrite"],
+        "vocab_size >= 260",
+        lambda w, t: _folder(t),
+    ),
     "train a tokenizer over an existing folder": Case(
         "train_tokenizer",
-        lambda w, t: [
-            "--train_files",
-            str(w.data),
-            "--source_lang",
-            "en",
-            "--target_lang",
-            "de",
-            "--output_dir",
-            str(t / "out"),
-            "--vocab_size",
-            "300",
-        ],
+        lambda w, t: [*_tokenizer_argv(w, t), "--vocab_size", "300"],
         "already exists",
         lambda w, t: _folder(t),
     ),
@@ -311,6 +301,18 @@ CLI_CASES: dict[str, Case] = {
         lambda w, t: ["--positional_encoding", "--output_dir", str(t)],
         "positional_encoding.png' already exists",
         lambda w, t: _file(t, "positional_encoding.png"),
+    ),
+    "plot a missing run with --overwrite": Case(
+        "plot",
+        lambda w, t: ["--training_run", str(t / "no-run"), "--output_dir", str(t), "--overwrite"],
+        "no-run",
+        lambda w, t: _file(t, "training_curves.png"),
+    ),
+    "the demo into an existing folder": Case(
+        "demo",
+        lambda w, t: ["--quick", "--output_dir", str(t / "out")],
+        "already exists",
+        lambda w, t: _folder(t),
     ),
     "train into a folder that is not empty": Case(
         "train", _train(), "already exists", lambda w, t: _folder(t)
@@ -335,9 +337,9 @@ CLI_CASES: dict[str, Case] = {
         "does not exist",
         lambda w, t: w.model,
     ),
-    "fine-tune a model with other sizes": Case(
+    "fine-tune a model with other sizes, --overwrite": Case(
         "train",
-        _train("--model_name_or_path", "MODEL", "--d_model", "64"),
+        _train("--model_name_or_path", "MODEL", "--d_model", "64", "--overwrite"),
         "--d_model 64 (it has d_model 32)",
         lambda w, t: w.model,
     ),
