@@ -40,6 +40,8 @@ from huggingface_hub import ModelCard, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 from transformers import AutoConfig, FSMTForConditionalGeneration, MarianMTModel, PreTrainedModel
 
+from .checkpointing import atomic_directory, refuse_to_replace
+from .cli import OVERWRITE_HELP
 from .configuration_vanilla_transformer import _ACTIVATIONS, VanillaTransformerConfig
 from .modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
@@ -105,6 +107,7 @@ class ConversionArguments:
         },
     )
     revision: str | None = field(default=None, metadata={"help": "Hub revision (branch, tag or commit)."})
+    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -414,18 +417,27 @@ def _write_model_card(source: str, source_format: str, output_dir: Path) -> None
 
 
 def convert(
-    source: str, output_dir: str | Path, source_format: str = "auto", revision: str | None = None
+    source: str,
+    output_dir: str | Path,
+    source_format: str = "auto",
+    revision: str | None = None,
+    overwrite: bool = False,
 ) -> VanillaTransformerForConditionalGeneration:
     """Convert the Marian or FSMT model at ``source`` (folder or Hub id) into an hf_vanilla folder
-    with the model, the original generation config, the tokenizer files and a provenance/license card."""
+    with the model, the original generation config, the tokenizer files and a provenance/license card.
+
+    An existing ``output_dir`` (other than an empty folder) raises ``FileExistsError`` unless
+    ``overwrite``; the folder is written under a temporary name and renamed into place when complete.
+    """
+    output_dir = Path(output_dir)
+    refuse_to_replace(output_dir, overwrite, "--output_dir")
     folder = _local_folder(source, revision)
     model, model_type = load_source_model(folder, source_format)
     converted = convert_model(model)
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    converted.save_pretrained(output_dir)
-    copied = _copy_side_files(folder, output_dir)
-    _write_model_card(source, model_type, output_dir)
+    with atomic_directory(output_dir) as staged:
+        converted.save_pretrained(staged)
+        copied = _copy_side_files(folder, staged)
+        _write_model_card(source, model_type, staged)
     if not any(name.startswith(("tokenizer", "vocab", "source.spm", "spiece")) for name in copied):
         logger.warning(
             "No tokenizer files found in %s: add the tokenizer to %s yourself.", folder, output_dir
@@ -435,4 +447,4 @@ def convert(
 
 
 def convert_from_args(args: ConversionArguments) -> VanillaTransformerForConditionalGeneration:
-    return convert(args.source, args.output_dir, args.source_format, args.revision)
+    return convert(args.source, args.output_dir, args.source_format, args.revision, args.overwrite)

@@ -17,6 +17,7 @@ from typing import Any
 
 import evaluate
 
+from hf_vanilla.checkpointing import atomic_file
 from hf_vanilla.translate import DecodingOptions, translate
 
 logger = logging.getLogger(__name__)
@@ -94,9 +95,8 @@ def evaluate_translations(
     logger.info("Translating %d segments: %s", len(sources), options.describe())
     hypotheses = translate(model, tokenizer, sources, options, batch_size, device, generate_kwargs)
     if hypotheses_file is not None:
-        hypotheses_file = Path(hypotheses_file)
-        hypotheses_file.parent.mkdir(parents=True, exist_ok=True)
-        hypotheses_file.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        with atomic_file(hypotheses_file) as handle:  # whole or absent
+            handle.write("".join(h + "\n" for h in hypotheses))
         logger.info("Wrote %s", hypotheses_file)
     scores = compute_bleu_chrf(hypotheses, references)
     return {**scores, "num_segments": len(sources), "decoding": options.to_dict(), "hypotheses": hypotheses}
@@ -131,9 +131,9 @@ def evaluate_dataset(
 
 
 def write_results(results: dict[str, Any], path: str | Path) -> Path:
-    """Write the scores and decoding settings (not the hypotheses) as JSON."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write the scores and decoding settings (not the hypotheses) as JSON (under a temporary name, then
+    renamed into place)."""
     summary = {key: value for key, value in results.items() if key != "hypotheses"}
-    path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return path
+    with atomic_file(path) as handle:
+        handle.write(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    return Path(path)

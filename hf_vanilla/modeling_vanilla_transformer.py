@@ -557,8 +557,10 @@ def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> Non
     """Raise a clear error for ids outside [0, V) instead of an index error deep inside torch: on
     the CPU always (outside compilation and transforms), elsewhere only with
     ``HF_VANILLA_CHECK_TOKEN_IDS=1`` (it needs a host sync)."""
-    if input_ids.shape[-1] == 0:
-        raise ValueError(f"`{name}` is empty (sequence length 0): give at least one token per row.")
+    if input_ids.numel() == 0:
+        raise ValueError(
+            f"`{name}` is empty (shape {tuple(input_ids.shape)}): give at least one row of at least one token."
+        )
     if not (
         _readable(input_ids) or (os.environ.get(CHECK_TOKEN_IDS) == "1" and not torch.compiler.is_compiling())
     ):
@@ -569,6 +571,20 @@ def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> Non
             f"`{name}` contains token id {high if high >= vocab_size else low}, outside the vocabulary "
             f"[0, {vocab_size}). Use the tokenizer the model was trained with, or resize the embeddings "
             "with `model.resize_token_embeddings(len(tokenizer))`."
+        )
+
+
+def _check_labels(labels: torch.Tensor, vocab_size: int) -> None:
+    """Raise a clear error for labels outside [0, V) other than -100 (ignored), instead of an index
+    error inside the loss. It reads the values, so the caller runs it only where that is free
+    (:func:`_readable`)."""
+    if labels.numel() == 0:
+        return
+    bad = labels[(labels != -100) & ((labels < 0) | (labels >= vocab_size))]
+    if bad.numel():
+        raise ValueError(
+            f"`labels` contain token id {int(bad[0])}, outside the vocabulary [0, {vocab_size}) (-100 marks "
+            "ignored positions). Tokenize the targets with the tokenizer the model was trained with."
         )
 
 
@@ -984,6 +1000,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         warning; the output carries the cache as ``cache`` (``past_key_values`` is its deprecated alias).
         """
         if labels is not None:
+            if _readable(labels):
+                _check_labels(labels, self.config.target_vocab_size)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -1105,6 +1123,12 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             and decoder_input_ids.shape[1] > cache.get_seq_length()
         ):
             kwargs["decoder_attention_mask"] = torch.ones_like(decoder_input_ids)
+        source = inputs if inputs is not None else kwargs.get("input_ids")
+        if isinstance(source, torch.Tensor) and source.shape[0] == 0:
+            raise ValueError(
+                "generate() got an empty batch (input_ids of shape "
+                f"{tuple(source.shape)}): give at least one sentence."
+            )
         config = generation_config if generation_config is not None else self.generation_config
         bounded = any(
             value is not None

@@ -24,6 +24,7 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from hf_vanilla.checkpointing import atomic_file
 from hf_vanilla.modeling_vanilla_transformer import sinusoidal_position_encoding
 from hf_vanilla.translate import paper_generation_kwargs
 
@@ -41,13 +42,14 @@ __all__ = [
 
 
 def _save(fig: Figure, path: str | Path, dpi: int) -> Path:
-    """Render ``fig`` on an Agg canvas and write it as a PNG file (creating parent folders)."""
+    """Render ``fig`` on an Agg canvas and write it as a PNG file (creating parent folders; under a
+    temporary name, renamed into place when written)."""
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"Pictures are written as PNG: give a path ending in .png, got {str(path)!r}.")
-    path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=dpi, format="png")
+    with atomic_file(path, binary=True) as handle:
+        fig.savefig(handle, dpi=dpi, format="png")
     logger.info("Wrote %s", path)
     return path
 

@@ -38,10 +38,11 @@ import torch
 import transformers
 from accelerate.utils import broadcast_object_list
 from transformers import (
+    AutoConfig,
     AutoModelForSeq2SeqLM,
-    AutoTokenizer,
     DataCollatorForSeq2Seq,
     EvalPrediction,
+    PreTrainedModel,
     PreTrainedTokenizerBase,
     Seq2SeqTrainingArguments,
 )
@@ -53,9 +54,11 @@ from hf_vanilla.batching import TokenBudgetSeq2SeqTrainer
 from hf_vanilla.checkpointing import (
     ResilientTrainerMixin,
     SaveOnSignalCallback,
+    find_complete_checkpoints,
     last_complete_checkpoint,
-    load_pretrained_checked,
+    refuse_to_replace,
     verify_checkpoint,
+    verify_model_folder,
 )
 from hf_vanilla.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from hf_vanilla.data import DataArguments, load_from_args
@@ -63,6 +66,7 @@ from hf_vanilla.evaluation import compute_bleu_chrf
 from hf_vanilla.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla.tokenization import (
     check_tokenizer_matches_config,
+    load_tokenizer,
     tokenize_translations,
     train_tokenizer_from_dataset,
 )
@@ -76,9 +80,11 @@ __all__ = [
     "PaperTrainingArguments",
     "build_compute_metrics",
     "build_model",
+    "check_averaging_is_possible",
     "create_paper_lr_scheduler",
     "paper_learning_rate",
     "paper_peak_learning_rate",
+    "planned_checkpoints",
     "resolve_resume_checkpoint",
     "run_training",
     "setup_logging",
@@ -141,13 +147,19 @@ def create_paper_lr_scheduler(
 class ModelArguments:
     """The model and its tokenizer. Sizes default to a Table 3 preset; explicit values override it."""
 
-    preset: str = field(
-        default="base",
-        metadata={"help": f"Table 3 model size: one of {sorted(PRESETS)}. Explicit sizes below override it."},
+    preset: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Table 3 model size: one of {sorted(PRESETS)} (default: base). Explicit sizes below "
+            "override it."
+        },
     )
     model_name_or_path: str | None = field(
         default=None,
-        metadata={"help": "Start from a saved model folder instead of a fresh one (its sizes are used)."},
+        metadata={
+            "help": "Fine-tune a saved model folder instead of a fresh one. Its sizes are used: size flags that "
+            "differ are refused; --dropout is applied."
+        },
     )
     d_model: int | None = field(default=None, metadata={"help": "d_model (base 512, big 1024)."})
     layers: int | None = field(default=None, metadata={"help": "N, for encoder and decoder (paper: 6)."})
@@ -181,8 +193,23 @@ class ModelArguments:
     )
 
     def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
+        if self.preset is not None and self.preset not in PRESETS:
             raise ValueError(f"Unknown --preset {self.preset!r}: choose one of {sorted(PRESETS)}.")
+
+    def requested_sizes(self) -> dict[str, tuple[str, Any]]:
+        """Config field -> (flag, value) for the sizes asked for explicitly (``--preset`` and the size
+        flags; an explicit size wins over the preset's), ``--init_std`` included: what a saved model
+        must already have, since loading cannot change it."""
+        requested: dict[str, tuple[str, Any]] = {}
+        if self.preset is not None:
+            for name, value in PRESETS[self.preset].items():
+                if name != "dropout":
+                    requested[name] = (f"--preset {self.preset}", value)
+        for name, value in self.config_overrides().items():
+            if name not in ("dropout", "label_smoothing"):
+                flag = _SIZE_FLAGS.get(name, name)
+                requested[name] = (f"--{flag} {value}", value)
+        return requested
 
     def config_overrides(self) -> dict[str, Any]:
         """Config fields set explicitly by these arguments."""
@@ -202,6 +229,14 @@ class ModelArguments:
         return overrides
 
 
+_SIZE_FLAGS = {
+    "encoder_layers": "layers",
+    "decoder_layers": "layers",
+    "encoder_attention_heads": "attention_heads",
+    "decoder_attention_heads": "attention_heads",
+    "encoder_ffn_dim": "ffn_dim",
+    "decoder_ffn_dim": "ffn_dim",
+}
 _REPORT_TO = "tensorboard" if is_tensorboard_available() else "none"
 
 
@@ -269,6 +304,13 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             "target tokens per step over 8 GPUs (§5.1) is about 6250 per process."
         },
     )
+    overwrite: bool = field(
+        default=False,
+        metadata={
+            "help": "Start a run in an --output_dir that is not empty (its files of the same name are replaced). "
+            "Without it such a folder is refused; a folder with checkpoints of another run always is."
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -291,6 +333,8 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
                 f"--average_last_n_checkpoints {self.average_last_n_checkpoints} needs at least that many "
                 f"checkpoints kept, but --save_total_limit is {self.save_total_limit}. Raise --save_total_limit."
             )
+        if self.learning_rate is not None and self.learning_rate < 0:
+            raise ValueError(f"--learning_rate must be >= 0, got {self.learning_rate}.")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"--max_tokens must be a positive number of tokens, got {self.max_tokens}.")
 
@@ -323,6 +367,11 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
                 d_model,
                 warmup,
                 self.args.learning_rate,
+            )
+        if self.args.learning_rate == 0 and self.args.do_train:
+            logger.warning(
+                "--learning_rate is 0: training will not change the weights (the schedule multiplies the peak "
+                "rate). Leave it out for the peak of Eq. (3), or give the rate you meant."
             )
 
     def _warmup_steps_for_peak(self) -> int:
@@ -458,20 +507,27 @@ def setup_logging(training_args: Seq2SeqTrainingArguments) -> None:
     datasets.utils.logging.set_verbosity(logging.WARNING)
 
 
-def resolve_resume_checkpoint(resume_from_checkpoint: str | None, output_dir: str | Path) -> str | None:
+def resolve_resume_checkpoint(
+    resume_from_checkpoint: str | None, output_dir: str | Path, overwrite: bool = False
+) -> str | None:
     """The checkpoint to resume from, checked before any work is done.
 
-    ``None`` starts afresh, but only into an ``output_dir`` without checkpoints (nothing is
-    overwritten); ``"last"`` (or ``"true"``) picks the newest ``checkpoint-<step>`` in ``output_dir``;
-    anything else must be a checkpoint folder written by the Trainer.
+    ``None`` starts afresh, but only into an ``output_dir`` that is absent or empty, or, with
+    ``overwrite``, holds no checkpoints (a new run would mix its checkpoints with the old run's, and
+    resuming or averaging would pick from both); ``"last"`` (or ``"true"``) picks the newest whole
+    ``checkpoint-<step>`` in ``output_dir``; anything else must be a checkpoint folder written by the
+    Trainer.
     """
     output_dir = Path(output_dir)
     if resume_from_checkpoint is None or str(resume_from_checkpoint).lower() in ("false", ""):
         if output_dir.is_dir() and any(checkpoint_step(p) is not None for p in output_dir.iterdir()):
             raise FileExistsError(
                 f"{str(output_dir)!r} already holds checkpoints. Continue that run with "
-                "--resume_from_checkpoint last, or choose a new --output_dir (nothing was overwritten)."
+                "--resume_from_checkpoint last, or choose a new --output_dir (nothing was overwritten; "
+                "--overwrite does not apply to another run's checkpoints: delete them yourself to start afresh)."
             )
+        if not overwrite:
+            refuse_to_replace(output_dir, overwrite, "--output_dir")
         return None
     if str(resume_from_checkpoint).lower() in ("last", "true"):
         last = last_complete_checkpoint(output_dir) if output_dir.is_dir() else None  # whole ones only
@@ -496,6 +552,45 @@ def resolve_resume_checkpoint(resume_from_checkpoint: str | None, output_dir: st
     return str(path)
 
 
+def planned_checkpoints(
+    training_args: PaperTrainingArguments, resume_checkpoint: str | None = None
+) -> int | None:
+    """How many checkpoints the run will have when it ends: those it keeps from before the resumed step
+    plus those it saves (``save_strategy="steps"``: every ``save_steps`` and at ``max_steps``).
+    ``None`` when that is not known before training (epochs, ``"best"``, no ``max_steps``)."""
+    strategy = str(getattr(training_args.save_strategy, "value", training_args.save_strategy))
+    if strategy == "no":
+        return 0
+    if strategy != "steps" or training_args.max_steps <= 0 or not training_args.save_steps:
+        return None
+    max_steps, every = training_args.max_steps, training_args.save_steps
+    every = math.ceil(max_steps * every) if every < 1 else int(every)
+    start, kept = 0, 0
+    if resume_checkpoint is not None:
+        start = checkpoint_step(resume_checkpoint) or 0
+        run_dir = Path(training_args.output_dir)
+        kept = sum(1 for p in find_complete_checkpoints(run_dir) if (checkpoint_step(p) or 0) <= start)
+    saved = max_steps // every - start // every + (1 if max_steps % every and max_steps > start else 0)
+    return kept + max(saved, 0)
+
+
+def check_averaging_is_possible(
+    training_args: PaperTrainingArguments, resume_checkpoint: str | None = None
+) -> None:
+    """Refuse ``--average_last_n_checkpoints N`` before training when the run cannot have N checkpoints."""
+    wanted = training_args.average_last_n_checkpoints
+    if not wanted or not training_args.do_train:
+        return
+    planned = planned_checkpoints(training_args, resume_checkpoint)
+    if planned is not None and planned < wanted:
+        raise ValueError(
+            f"--average_last_n_checkpoints {wanted} cannot be met: with --max_steps {training_args.max_steps}, "
+            f"--save_strategy {getattr(training_args.save_strategy, 'value', training_args.save_strategy)} and "
+            f"--save_steps {training_args.save_steps} the run will have {planned} checkpoint(s). Save more often "
+            "(lower --save_steps), train longer, or average fewer."
+        )
+
+
 def load_or_train_tokenizer(
     model_args: ModelArguments,
     data: datasets.DatasetDict,
@@ -509,7 +604,7 @@ def load_or_train_tokenizer(
     source = model_args.tokenizer_name_or_path or resume_checkpoint or model_args.model_name_or_path
     if source is not None:
         logger.info("Loading the tokenizer from %s", source)
-        return AutoTokenizer.from_pretrained(source)
+        return load_tokenizer(source)
     # Under data parallelism the main process trains it once and sends its files to every rank (no
     # shared file system needed); every rank, the main one included, loads the same files. A failure
     # on the main process is sent too, so that no rank waits for files that never come.
@@ -541,23 +636,58 @@ def load_or_train_tokenizer(
     with tempfile.TemporaryDirectory() as folder:
         for name, content in files.items():
             (Path(folder) / name).write_bytes(content)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = load_tokenizer(folder)
     logger.info("Loaded the tokenizer the main process trained (%d tokens)", len(tokenizer))
     return tokenizer
+
+
+def _saved_model(model_args: ModelArguments, saved: str, resumed: bool) -> PreTrainedModel:
+    """Load ``saved`` after checking the flags against its config: sizes (and ``--init_std``) that differ
+    are refused, since loading cannot change them; ``--dropout`` is applied when fine-tuning and refused
+    when resuming (a resumed run continues the one it was)."""
+    verify_model_folder(saved)  # a damaged or unsafe file: an error naming it
+    config = AutoConfig.from_pretrained(saved)
+    what = f"the resumed checkpoint {saved}" if resumed else f"the model {saved}"
+    differs: dict[str, list[str]] = {}
+    for name, (flag, value) in model_args.requested_sizes().items():
+        if getattr(config, name, None) != value:
+            differs.setdefault(flag, []).append(f"{name} {getattr(config, name, None)}")
+    dropout = model_args.dropout
+    if dropout is not None and dropout != config.dropout and resumed:
+        differs.setdefault(f"--dropout {dropout}", []).append(f"dropout {config.dropout}")
+    if differs:
+        found = "; ".join(f"{flag} (it has {', '.join(have)})" for flag, have in differs.items())
+        hint = (
+            "A resumed run continues with the settings it was started with: drop these flags, or fine-tune "
+            "from the checkpoint with --model_name_or_path (where --dropout applies) into a new --output_dir."
+            if resumed
+            else "A loaded model keeps its sizes: drop these flags, or train a new model without "
+            "--model_name_or_path."
+        )
+        raise ValueError(f"Flags that disagree with {what}: {found}. {hint}")
+    kwargs: dict[str, Any] = {}
+    if dropout is not None and dropout != config.dropout:
+        logger.warning(
+            "Fine-tuning %s with --dropout %g instead of its dropout %g.", saved, dropout, config.dropout
+        )
+        kwargs["dropout"] = dropout
+    return AutoModelForSeq2SeqLM.from_pretrained(saved, **kwargs)
 
 
 def build_model(
     model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, resume_checkpoint: str | None = None
 ) -> VanillaTransformerForConditionalGeneration:
     """A fresh model of the chosen size (vocabulary and special tokens from the tokenizer), or a saved
-    one; ``config.label_smoothing`` is set to ``--label_smoothing`` either way."""
+    one (see :func:`_saved_model` for the flags); ``config.label_smoothing`` is set to
+    ``--label_smoothing`` either way. The tokenizer must match the model's vocabulary and special
+    tokens exactly (:func:`hf_vanilla.tokenization.check_tokenizer_matches_config`)."""
     saved = resume_checkpoint or model_args.model_name_or_path
     if saved is not None:
-        model = load_pretrained_checked(saved)  # a damaged file: an error naming it
+        model = _saved_model(model_args, saved, resumed=resume_checkpoint is not None)
         model.config.label_smoothing = model_args.label_smoothing
     else:
         config = VanillaTransformerConfig.from_preset(
-            model_args.preset,
+            model_args.preset or "base",
             vocab_size=len(tokenizer),
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
@@ -565,7 +695,8 @@ def build_model(
             **model_args.config_overrides(),
         )
         model = VanillaTransformerForConditionalGeneration(config)
-    check_tokenizer_matches_config(tokenizer, model.config)
+    sources = f"tokenizer {model_args.tokenizer_name_or_path}, model {saved}" if saved else None
+    check_tokenizer_matches_config(tokenizer, model.config, sources)
     return model
 
 
@@ -626,9 +757,12 @@ def run_training(
 
     Returns all metrics (``train_*``, ``eval_*``, ``test_*``, ``averaged_eval_*``, ...).
     """
-    resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    resume = resolve_resume_checkpoint(
+        training_args.resume_from_checkpoint, training_args.output_dir, training_args.overwrite
+    )
     if resume is not None:
         logger.info("Resuming from %s", resume)
+    check_averaging_is_possible(training_args, resume)
     transformers.set_seed(training_args.seed)
 
     data = load_from_args(data_args)
@@ -665,7 +799,7 @@ def run_training(
         compute_metrics=build_compute_metrics(tokenizer) if training_args.predict_with_generate else None,
     )
     if training_args.do_train:
-        trainer.add_callback(SaveOnSignalCallback())  # preemption: save the current step, exit 143
+        trainer.add_callback(SaveOnSignalCallback())  # SIGTERM/Ctrl-C: save the current step, exit 143/130
     results: dict[str, float] = {}
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume)
@@ -682,8 +816,11 @@ def run_training(
     if training_args.average_last_n_checkpoints and training_args.do_train:
         averaged_dir = Path(training_args.output_dir) / "averaged"
         if trainer.is_world_process_zero():
-            average_last_checkpoints(
-                training_args.output_dir, training_args.average_last_n_checkpoints, averaged_dir
+            average_last_checkpoints(  # this run's own folder: replaced when a resumed run ends again
+                training_args.output_dir,
+                training_args.average_last_n_checkpoints,
+                averaged_dir,
+                overwrite=True,
             )
         trainer.accelerator.wait_for_everyone()
         averaged = AutoModelForSeq2SeqLM.from_pretrained(averaged_dir)

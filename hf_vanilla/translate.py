@@ -25,15 +25,19 @@ output length during inference to input length + 50, but terminate early when po
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, BinaryIO, Literal, TextIO
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoModelForSeq2SeqLM
+
+from hf_vanilla.checkpointing import atomic_file, load_pretrained_checked, refuse_to_replace
+from hf_vanilla.tokenization import check_tokenizer_matches_config, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +49,7 @@ __all__ = [
     "ModelArguments",
     "generate_ids",
     "gnmt_length_penalty",
+    "load_model",
     "load_model_and_tokenizer",
     "nbest_log_probs",
     "paper_generation_kwargs",
@@ -201,14 +206,39 @@ class ModelArguments:
     )
 
 
+def load_model(name: str | Path, **kwargs: Any) -> Any:
+    """``AutoModelForSeq2SeqLM.from_pretrained(name, **kwargs)`` with errors that name the cause: a local
+    folder is checked first (:func:`hf_vanilla.checkpointing.verify_model_folder`: a truncated or damaged
+    weights file, a missing config); a name that is neither a folder nor a loadable Hub model says so."""
+    path = Path(name)
+    if path.is_dir():
+        return load_pretrained_checked(path, **kwargs)
+    if path.exists():
+        raise ValueError(
+            f"--model_name_or_path {str(name)!r} is a file: give the model folder (config.json and model.safetensors)."
+        )
+    try:
+        return AutoModelForSeq2SeqLM.from_pretrained(str(name), **kwargs)
+    except (OSError, ValueError) as err:
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FileNotFoundError(
+            f"--model_name_or_path {str(name)!r}: no such folder, and no model of that name could be loaded from "
+            f"the Hugging Face Hub ({detail}). Check the path: a training run's --output_dir, one of its "
+            "checkpoint-<step> folders, or an averaged model folder."
+        ) from err
+
+
 def load_model_and_tokenizer(args: ModelArguments, attn_implementation: str | None = None) -> tuple[Any, Any]:
-    """Load the seq2seq model and tokenizer (importing hf_vanilla has registered its Auto classes)."""
+    """Load the seq2seq model and tokenizer (importing hf_vanilla has registered its Auto classes) and
+    check that they belong together (:func:`hf_vanilla.tokenization.check_tokenizer_matches_config`)."""
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(
-        args.tokenizer_name_or_path or args.model_name_or_path, trust_remote_code=args.trust_remote_code
+    model = load_model(args.model_name_or_path, **kwargs)
+    tokenizer_source = args.tokenizer_name_or_path or args.model_name_or_path
+    tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
+    check_tokenizer_matches_config(
+        tokenizer, model.config, f"tokenizer {tokenizer_source}, model {args.model_name_or_path}"
     )
     model.to(resolve_device(args.device)).eval()
     return model, tokenizer
@@ -239,7 +269,8 @@ def translate(
     original order is restored. Empty or blank lines are not sent to the model and give empty lines.
     The model is moved to ``device`` (default: CUDA if available) and put in eval mode.
     ``generate_kwargs`` go to ``model.generate`` (e.g. ``max_new_tokens``, which replaces the
-    per-sentence input length + 50 bound).
+    per-sentence input length + 50 bound). A tokenizer that does not belong to the model (another
+    size or special-token ids) raises ``ValueError`` before anything is translated.
     """
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be a positive integer, got {batch_size}.")
@@ -247,6 +278,7 @@ def translate(
         raise ValueError(
             "The tokenizer has no pad token: set tokenizer.pad_token (e.g. '<pad>') before translating."
         )
+    check_tokenizer_matches_config(tokenizer, model.config)
     options = options or DecodingOptions()
     device = resolve_device(device)
     model.to(device)
@@ -256,6 +288,8 @@ def translate(
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
     if len(todo) < len(sentences):
         logger.info("%d blank input line(s) give blank output lines", len(sentences) - len(todo))
+    if not todo:
+        return results
     lengths = {
         i: len(ids) for i, ids in zip(todo, tokenizer([sentences[i] for i in todo])["input_ids"], strict=True)
     }
@@ -273,8 +307,26 @@ def translate(
     return results
 
 
-def _lines(stream: TextIO) -> Iterator[str]:
-    for line in stream:
+def _decoded_lines(stream: BinaryIO | TextIO, name: str) -> Iterator[str]:
+    """The lines of ``stream`` without their line ends; a line that is not UTF-8 text raises
+    ``ValueError`` naming ``name`` and the line number."""
+    for number, raw in enumerate(stream, start=1):
+        if isinstance(raw, bytes):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{name}, line {number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1} "
+                    "of the line). Give plain UTF-8 text, one sentence per line (convert other encodings with "
+                    "e.g. `iconv -f latin1 -t utf-8`)."
+                ) from None
+        else:
+            line = raw
+        if "\x00" in line:
+            raise ValueError(
+                f"{name}, line {number}: a NUL byte, so this is binary data, not text. Give plain UTF-8 text, "
+                "one sentence per line."
+            )
         yield line.rstrip("\n").rstrip("\r")
 
 
@@ -288,26 +340,39 @@ def translate_stream(
     device: str | torch.device | None = None,
     chunk_lines: int = 10_000,
     generate_kwargs: dict[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> int:
     """Translate a file (or stdin when ``source`` is None or ``"-"``) line by line to a file (or stdout).
 
-    Input is read in chunks of ``chunk_lines`` lines, so long files do not need to fit in memory and
-    output appears as each chunk finishes. Returns the number of lines translated.
+    Input is read in chunks of ``chunk_lines`` lines, so long files do not need to fit in memory.
+    Blank lines anywhere give blank output lines. Input must be UTF-8 text: a file is checked whole
+    before anything is translated, and a bad line raises ``ValueError`` naming the file and line.
+    An output file that exists is refused (``FileExistsError``) unless ``overwrite``; the output is
+    written under a temporary name beside it and renamed into place when every line is translated,
+    so it is complete or absent (an old one stays as it was) — never partial. On stdout, output
+    appears as each chunk finishes. Returns the number of lines translated.
     """
-    in_stream: TextIO = sys.stdin if source in (None, "-") else open(source, encoding="utf-8")  # noqa: SIM115
-    out_stream: TextIO = sys.stdout if output in (None, "-") else open(output, "w", encoding="utf-8")  # noqa: SIM115
+    from_stdin, to_stdout = source in (None, "-"), output in (None, "-")
+    if not to_stdout:
+        refuse_to_replace(output, overwrite, "--output_file")
+    name = "<stdin>" if from_stdin else str(source)
+    if not from_stdin:
+        if not Path(source).is_file():
+            raise FileNotFoundError(f"--input_file {name!r} does not exist (or is not a file).")
+        with open(source, "rb") as handle:
+            for _ in _decoded_lines(handle, name):  # fail before hours of translation, not after
+                pass
     count = 0
-    try:
-        for chunk in _chunks(_lines(in_stream), chunk_lines):
+    with contextlib.ExitStack() as stack:
+        in_stream = (
+            getattr(sys.stdin, "buffer", sys.stdin) if from_stdin else stack.enter_context(open(source, "rb"))
+        )
+        out_stream = sys.stdout if to_stdout else stack.enter_context(atomic_file(output))
+        for chunk in _chunks(_decoded_lines(in_stream, name), chunk_lines):
             for line in translate(model, tokenizer, chunk, options, batch_size, device, generate_kwargs):
                 out_stream.write(line + "\n")
             out_stream.flush()
             count += len(chunk)
-    finally:
-        if in_stream is not sys.stdin:
-            in_stream.close()
-        if out_stream is not sys.stdout:
-            out_stream.close()
     return count
 
 

@@ -157,7 +157,9 @@ def test_plot_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model, tok
     argv += ["--positional_encoding", "--model_name_or_path", str(tmp_path / "model"), "--device", "cpu"]
     argv += ["--sentence", "w1 w2", "--target", "w3", "--dpi", "30"]
     monkeypatch.setattr(sys, "argv", argv)
-    runpy.run_path(str(REPO / "scripts" / "plot.py"), run_name="__main__")
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(REPO / "scripts" / "plot.py"), run_name="__main__")
+    assert exit_info.value.code == 0
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert names == [
         "cross_attention_grid.png",
