@@ -16,7 +16,8 @@ Deviations from the paper (each a deliberate, documented choice):
 2. Decoding starts from ``decoder_start_token_id`` (by default the ``<s>`` token) and stops at
    ``</s>``; the paper does not name its start symbol.
 3. The maximum output length of §6.1 (input length + 50) is applied per sentence: a row holds at
-   most its own (unpadded) source length + 50 generated tokens, its ``</s>`` included.
+   most its own (unpadded) source length + 50 generated tokens, its ``</s>`` included (the 50 is the
+   generation config's ``max_length_offset``).
 4. Label smoothing (§5.4) is computed in the model's loss (``config.label_smoothing``) so that its
    normalisation under gradient accumulation and data parallelism is the same as the plain loss.
 5. Padding: the paper does not discuss it. Keys that are padding are masked in every attention; a
@@ -44,6 +45,7 @@ Mask semantics (all masks are built in :func:`build_attention_mask`):
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Callable
@@ -51,7 +53,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedModel
+from transformers import (
+    GenerationConfig,
+    GenerationMixin,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+)
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
@@ -1006,14 +1014,34 @@ def _source_lengths(inputs: torch.Tensor | None, kwargs: dict[str, object]) -> t
     return torch.full((source.shape[0],), source.shape[1], device=source.device)
 
 
-class _SourceLengthBound(LogitsProcessor):
-    """§6.1 per sentence: a hypothesis holds at most ``source length + 50`` generated tokens, its
-    ``</s>`` included, so after ``source length + 49`` tokens only ``</s>`` may follow.
-    ``source_lengths`` has one entry per sentence (rows are sentences × beams)."""
+def _first_set(name: str, kwargs: dict[str, object], configs: list[GenerationConfig]) -> object:
+    """The value of a generation parameter as ``generate()`` resolves it: the call's keyword argument,
+    else the first generation config (the one passed, then the model's) that sets it; ``None``."""
+    values = (kwargs.get(name), *(getattr(config, name, None) for config in configs))
+    return next((value for value in values if value is not None), None)
 
-    def __init__(self, source_lengths: torch.Tensor, start_length: int, eos_token_id: int) -> None:
-        # (rows,) decoder length at which only </s> may follow: source length + 50 tokens in all.
-        self.limits = source_lengths + MAX_LENGTH_OFFSET - 1 + start_length
+
+def _user_length_cap(kwargs: dict[str, object], configs: list[GenerationConfig]) -> bool:
+    """Whether a ``max_new_tokens`` or ``max_length`` caps this ``generate()`` call. A config's
+    ``max_length`` equal to transformers' global default (20) is not a cap: ``Seq2SeqTrainer``
+    writes that default into the model's generation config when it is unset."""
+    if _first_set("max_new_tokens", kwargs, configs) is not None or kwargs.get("max_length") is not None:
+        return True
+    max_length = _first_set("max_length", kwargs, configs)
+    return max_length not in (None, GenerationConfig._get_default_generation_params()["max_length"])
+
+
+class _SourceLengthBound(LogitsProcessor):
+    """§6.1 per sentence: a hypothesis holds at most ``source length + offset`` generated tokens, its
+    ``</s>`` included, so after ``source length + offset - 1`` tokens only ``</s>`` may follow.
+    ``source_lengths`` has one entry per sentence (rows are sentences × beams); ``start_length`` is
+    the length of the decoder prompt (the start token, or the ``decoder_input_ids`` given)."""
+
+    def __init__(
+        self, source_lengths: torch.Tensor, start_length: int, eos_token_id: int, offset: int
+    ) -> None:
+        # (rows,) decoder length at which only </s> may follow: source length + offset tokens in all.
+        self.limits = source_lengths + offset - 1 + start_length
         self.eos_token_id = eos_token_id
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -1200,10 +1228,15 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         if config.final_logits_bias:  # deviation 6 (Marian): a fixed bias on the logits
             self.register_buffer("final_logits_bias", torch.zeros(1, config.target_vocab_size))
         self.post_init()
-        # §6.1: beam size 4, length penalty α = 0.6, stop when no better hypothesis can appear.
+        # §6.1: beam size 4, length penalty α = 0.6, stop when no better hypothesis can appear; max
+        # output length = source length + `max_length_offset` per sentence (see generate).
         self.generation_config.num_beams = 4
         self.generation_config.length_penalty = 0.6
         self.generation_config.early_stopping = True
+        self.generation_config.max_length_offset = MAX_LENGTH_OFFSET
+        # Ours, not derived from the model config: saved and loaded with its custom key (transformers
+        # drops keys it does not know from a config marked as derived from the model config).
+        self.generation_config._from_model_config = False
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.shared
@@ -1377,27 +1410,43 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def generate(
         self,
         inputs: torch.Tensor | None = None,
-        generation_config: object | None = None,
+        generation_config: GenerationConfig | None = None,
         logits_processor: LogitsProcessorList | None = None,
         **kwargs: object,
     ) -> torch.Tensor:
-        """``GenerationMixin.generate`` with the §6.1 length bound as the default: when no
-        ``max_length``/``max_new_tokens`` is set anywhere, each sentence may produce at most its own
-        source length + 50 tokens (never HF's silent 20-token default)."""
-        config = generation_config if generation_config is not None else self.generation_config
-        bounded = any(
-            value is not None
-            for value in (
-                kwargs.get("max_length"),
-                kwargs.get("max_new_tokens"),
-                getattr(config, "max_length", None),
-                getattr(config, "max_new_tokens", None),
+        """``GenerationMixin.generate`` with the §6.1 bound on every call: each sentence produces at
+        most its own (unpadded) source length + ``max_length_offset`` tokens, ``</s>`` included.
+
+        ``max_length_offset`` is a generation-config key (50, the paper's, in this model's config;
+        50 too when a config has none) or a keyword argument of this call. A ``max_length`` or
+        ``max_new_tokens`` set by the user (in the call or in a generation config) caps the output
+        further for the whole batch; it never lifts the per-sentence bound. A generation config's
+        ``max_length`` equal to transformers' global default (20) counts as unset:
+        ``Seq2SeqTrainer(predict_with_generate=True)`` writes that default into
+        ``model.generation_config`` (and so into the saved ``generation_config.json``). To cap at
+        exactly 20 tokens, pass ``max_length=20`` to this call or set ``max_new_tokens``.
+        """
+        configs = [config for config in (generation_config, self.generation_config) if config is not None]
+        offset = _first_set("max_length_offset", kwargs, configs)
+        kwargs.pop("max_length_offset", None)
+        offset = MAX_LENGTH_OFFSET if offset is None else offset
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(
+                f"`max_length_offset` must be a non-negative number of tokens (§6.1: 50), got {offset!r}."
             )
-        )
-        source_lengths = None if bounded else _source_lengths(inputs, kwargs)
+        source_lengths = _source_lengths(inputs, kwargs)
         if source_lengths is not None:
-            kwargs["max_new_tokens"] = int(source_lengths.max()) + MAX_LENGTH_OFFSET
-            bound = _SourceLengthBound(source_lengths, 1, self.config.eos_token_id)
+            decoder_input_ids = kwargs.get("decoder_input_ids")
+            start_length = decoder_input_ids.shape[-1] if isinstance(decoder_input_ids, torch.Tensor) else 1
+            if not _user_length_cap(kwargs, configs):
+                # The batch runs at most as long as its longest sentence's bound.
+                max_length = start_length + int(source_lengths.max()) + offset
+                if generation_config is not None:
+                    generation_config = copy.deepcopy(generation_config)
+                    generation_config.max_length = max_length
+                else:
+                    kwargs["max_length"] = max_length
+            bound = _SourceLengthBound(source_lengths, start_length, self.config.eos_token_id, offset)
             logits_processor = LogitsProcessorList([*(logits_processor or []), bound])
         return super().generate(
             inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
