@@ -32,6 +32,9 @@ Deviations from the paper (each a deliberate, documented choice):
    ``scale_embedding`` (no √d_model), ``attention_bias`` and ``tie_word_embeddings``.
 7. Dropout on the CPU rounds P_drop to a multiple of 2⁻¹⁵ (0.1 → 0.100006; the scale is 1 / (1 − p)
    for the rounded p) to draw its mask twice as fast (:func:`residual_dropout`).
+8. The length penalty α = 0.6 of §6.1 is applied as transformers' beam search does,
+   log P(Y | X) / |Y|^α; the paper cites GNMT's ((5 + |Y|) / 6)^α, which ``hf_vanilla.translate``
+   offers as n-best rescoring (``length_penalty_type="gnmt"``).
 
 Shape notation: B batch, S source length, T target length (new tokens in this call), P cached
 target length, D = d_model, H heads, Dh = D / H per-head width, F = d_ff, V vocabulary size.
@@ -1228,11 +1231,13 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         if config.final_logits_bias:  # deviation 6 (Marian): a fixed bias on the logits
             self.register_buffer("final_logits_bias", torch.zeros(1, config.target_vocab_size))
         self.post_init()
-        # §6.1: beam size 4, length penalty α = 0.6, stop when no better hypothesis can appear; max
-        # output length = source length + `max_length_offset` per sentence (see generate).
+        # §6.1: beam size 4; length penalty α = 0.6, applied as HF's log P / |Y|^α (the paper cites
+        # GNMT's ((5 + |Y|) / 6)^α; see hf_vanilla.translate); max output length = source length +
+        # `max_length_offset` per sentence (see generate); stop when no better hypothesis can appear,
+        # which is HF's "never" (True stops as soon as num_beams hypotheses have finished).
         self.generation_config.num_beams = 4
         self.generation_config.length_penalty = 0.6
-        self.generation_config.early_stopping = True
+        self.generation_config.early_stopping = "never"
         self.generation_config.max_length_offset = MAX_LENGTH_OFFSET
         # Ours, not derived from the model config: saved and loaded with its custom key (transformers
         # drops keys it does not know from a config marked as derived from the model config).

@@ -303,7 +303,8 @@ def test_generate_with_cache_equals_without(model, batch, mode: str) -> None:
 
 def test_generation_defaults_follow_section_6_1(model, batch) -> None:
     config = model.generation_config
-    assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, True)
+    # "never": beam search stops only when no running hypothesis can beat the finished ones (§6.1).
+    assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, "never")
     assert config.max_length is None and config.max_new_tokens is None and config.max_length_offset == 50
     assert config.decoder_start_token_id == 1 and config.eos_token_id == 2 and config.pad_token_id == 0
     # The random tiny model never ends a sentence by itself, so each row runs to its own bound:
