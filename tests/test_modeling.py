@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import tiny_config, tiny_model
+from conftest import TINY, tiny_config, tiny_model
 from torch import nn
 from torch.nn import functional as F
 from transformers import (
@@ -20,6 +20,8 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     DataCollatorForSeq2Seq,
     GenerationConfig,
+    MarianConfig,
+    MarianMTModel,
 )
 
 from hf_vanilla import (
@@ -367,6 +369,45 @@ def test_the_bound_survives_trainer_defaults_and_user_configs(model, batch, tmp_
     assert _first_eos(reloaded.generate(**source, num_beams=1)) == bounds
     reloaded.generation_config.max_length_offset = 10
     assert _first_eos(reloaded.generate(**source, num_beams=1)) == [9 + 10, 6 + 10]
+
+
+def test_beam_search_outputs_have_marians_shapes(model, batch) -> None:
+    """generate(return_dict_in_generate, output_hidden_states, output_attentions) with beams: every
+    tensor has the shape MarianMTModel of the same size gives (transformers 5.24): encoder states and
+    attentions once per sentence (B, ...), decoder and cross-attention per hypothesis (B × beams, ...)."""
+    config = MarianConfig(
+        **TINY,
+        pad_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        forced_eos_token_id=None,
+    )
+    config._attn_implementation = "eager"  # Marian's SDPA returns no attention weights
+    torch.manual_seed(0)
+    marian = MarianMTModel(config).eval()
+    settings = {
+        "num_beams": 3,
+        "max_new_tokens": 4,
+        "min_new_tokens": 4,  # both run the same number of steps
+        "return_dict_in_generate": True,
+        "output_hidden_states": True,
+        "output_attentions": True,
+        "output_scores": True,
+    }
+    source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    ours, theirs = model.generate(**source, **settings), marian.generate(**source, **settings)
+
+    def shapes(value: object) -> object:
+        if isinstance(value, torch.Tensor):
+            return tuple(value.shape)
+        return [shapes(item) for item in value]
+
+    fields = ["sequences", "sequences_scores", "scores", "beam_indices", "encoder_hidden_states"]
+    fields += ["encoder_attentions", "decoder_hidden_states", "decoder_attentions", "cross_attentions"]
+    for name in fields:
+        assert shapes(getattr(ours, name)) == shapes(getattr(theirs, name)), name
+    assert shapes(ours.encoder_hidden_states)[0] == (2, 9, 32)  # per sentence, not per hypothesis
+    assert shapes(ours.cross_attentions)[0][0] == (2 * 3, 4, 1, 9)
 
 
 def test_forced_end_keeps_the_real_end_score(model, batch) -> None:
