@@ -1261,6 +1261,70 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def get_decoder(self) -> VanillaTransformerDecoder:
         return self.model.decoder
 
+    def resize_token_embeddings(
+        self,
+        new_num_tokens: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        mean_resizing: bool = True,
+    ) -> nn.Embedding:
+        """``PreTrainedModel.resize_token_embeddings``, as ``MarianMTModel`` does it: with one shared
+        vocabulary (§3.4) the embedding, the output projection and ``final_logits_bias`` (kept
+        entries, new ones 0); with separate vocabularies (``share_encoder_decoder_embeddings=False``,
+        deviation 6) the source embedding only, see :meth:`resize_decoder_token_embeddings`."""
+        if not self.config.share_encoder_decoder_embeddings and self.config.decoder_vocab_size is None:
+            self.config.decoder_vocab_size = self.config.vocab_size  # the target vocabulary keeps its size
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if self.config.share_encoder_decoder_embeddings:
+            self._resize_final_logits_bias(embeddings.num_embeddings)
+        return embeddings
+
+    def _resize_token_embeddings(
+        self, new_num_tokens: int | None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """The source (or shared) embedding, resized in place, so a tied projection follows it; an
+        untied projection over the same, shared vocabulary is resized alongside."""
+        embeddings = self._get_resized_embeddings(
+            self.get_input_embeddings(), new_num_tokens, pad_to_multiple_of, mean_resizing
+        )
+        if self.config.share_encoder_decoder_embeddings and not self.config.tie_word_embeddings:
+            self.lm_head = self._get_resized_lm_head(
+                self.lm_head, embeddings.num_embeddings, mean_resizing=mean_resizing
+            )
+        return embeddings
+
+    def resize_decoder_token_embeddings(
+        self, new_num_tokens: int, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """Resize the target vocabulary of a model with separate vocabularies: the decoder embedding,
+        the output projection (tied to it, or resized alongside) and ``final_logits_bias``, and
+        ``config.decoder_vocab_size`` (``MarianMTModel.resize_decoder_token_embeddings``)."""
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError(
+                "This model has one vocabulary shared by source and target "
+                "(`share_encoder_decoder_embeddings=True`): resize it with `resize_token_embeddings`."
+            )
+        embeddings = self._get_resized_embeddings(
+            self.model.decoder.embed_tokens, new_num_tokens, pad_to_multiple_of, mean_resizing
+        )
+        if not self.config.tie_word_embeddings:
+            self.lm_head = self._get_resized_lm_head(
+                self.lm_head, embeddings.num_embeddings, mean_resizing=mean_resizing
+            )
+        self.config.decoder_vocab_size = embeddings.num_embeddings
+        self.tie_weights()
+        self._resize_final_logits_bias(embeddings.num_embeddings)
+        return embeddings
+
+    def _resize_final_logits_bias(self, new_num_tokens: int) -> None:
+        """Deviation 6 (Marian's bias): follow a resized target vocabulary, new entries 0."""
+        if not self.config.final_logits_bias:
+            return
+        old = self.final_logits_bias  # (1, V)
+        if new_num_tokens <= old.shape[-1]:
+            self.final_logits_bias = old[:, :new_num_tokens].clone()
+        else:
+            self.final_logits_bias = torch.cat([old, old.new_zeros(1, new_num_tokens - old.shape[-1])], dim=1)
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Used by ``DataCollatorForSeq2Seq``: teacher-forcing inputs from padded labels."""
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

@@ -699,6 +699,18 @@ def test_resize_token_embeddings_keeps_tying(model, batch) -> None:
     assert out.logits.shape == (1, 2, 120)
 
 
+def test_resize_token_embeddings_resizes_an_untied_projection_and_the_logits_bias() -> None:
+    model = tiny_model(tie_word_embeddings=False, final_logits_bias=True)
+    with torch.no_grad():
+        model.final_logits_bias.normal_()
+    bias = model.final_logits_bias.clone()
+    model.resize_token_embeddings(90)
+    assert model.lm_head.weight.shape == (90, 32) and model.lm_head.weight is not model.model.shared.weight
+    assert torch.equal(model.final_logits_bias, bias[:, :90])
+    out = model(input_ids=torch.tensor([[80, 2]]), decoder_input_ids=torch.tensor([[1, 85]]))
+    assert out.logits.shape == (1, 2, 90)
+
+
 def test_gradient_checkpointing_gives_the_same_gradients(batch) -> None:
     grads = []
     for checkpointing in (False, True):
