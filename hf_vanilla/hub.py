@@ -33,6 +33,8 @@ import huggingface_hub
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
 
+from hf_vanilla.translate import EARLY_STOPPING
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -461,7 +463,8 @@ def summarize_training(model_dir: str | Path) -> str | None:
 def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str | Path | None = None) -> Path:
     """Write the Hub folder for ``model`` (see :func:`save_for_hub`) and push it if ``args.push_to_hub``.
 
-    The generation config in the folder is set to the beam size and α that produced the card's scores.
+    The generation config in the folder is set to the beam size, α and stopping rule that produced the
+    card's scores.
     Raises :class:`HubPushError` (folder kept) when the push fails.
     """
     if args.push_to_hub and not args.hub_model_id:
@@ -472,6 +475,8 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
         decoding = results[0]["decoding"]
         model.generation_config.num_beams = decoding["num_beams"]
         model.generation_config.length_penalty = decoding["length_penalty"]
+        if "early_stopping" in decoding:  # results written before issue 12 do not name it
+            model.generation_config.early_stopping = EARLY_STOPPING[decoding["early_stopping"]]
         card = render_model_card(
             model.config,
             results,
