@@ -3,13 +3,15 @@
 Scores come from sacreBLEU through a local ``evaluate`` metric module shipped in this package
 (:data:`METRIC_PATH`), so nothing is fetched from the Hub: corpus BLEU (cased, ``13a``
 tokenizer) and chrF, each with its sacreBLEU signature. Translations use the paper's decoding
-(beam 4, α = 0.6, max output length = input length + 50; see :mod:`hf_vanilla.translate`).
+(beam 4, α = 0.6, max output length = input length + 50, stop when no better hypothesis can appear;
+see :mod:`hf_vanilla.translate`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -85,7 +87,8 @@ def evaluate_translations(
 
     Returns:
         the scores of :func:`compute_bleu_chrf` plus ``"num_segments"``, ``"decoding"`` (the settings,
-        including which length penalty was used) and ``"hypotheses"``.
+        including which length penalty and stopping rule were used), ``"decoding_seconds"`` (wall
+        time of the translation alone) and ``"hypotheses"``.
     """
     if len(sources) != len(references):
         raise ValueError(
@@ -93,13 +96,22 @@ def evaluate_translations(
         )
     options = options or DecodingOptions()
     logger.info("Translating %d segments: %s", len(sources), options.describe())
+    start = time.perf_counter()
     hypotheses = translate(model, tokenizer, sources, options, batch_size, device, generate_kwargs)
+    decoding_seconds = time.perf_counter() - start
+    logger.info("Translated %d segments in %.1f s", len(sources), decoding_seconds)
     if hypotheses_file is not None:
         with atomic_file(hypotheses_file) as handle:  # whole or absent
             handle.write("".join(h + "\n" for h in hypotheses))
         logger.info("Wrote %s", hypotheses_file)
     scores = compute_bleu_chrf(hypotheses, references)
-    return {**scores, "num_segments": len(sources), "decoding": options.to_dict(), "hypotheses": hypotheses}
+    return {
+        **scores,
+        "num_segments": len(sources),
+        "decoding": options.to_dict(),
+        "decoding_seconds": decoding_seconds,
+        "hypotheses": hypotheses,
+    }
 
 
 def evaluate_dataset(

@@ -35,6 +35,7 @@ from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
 
 from hf_vanilla.checkpointing import atomic_directory, refuse_to_replace
 from hf_vanilla.cli import OVERWRITE_HELP
+from hf_vanilla.translate import EARLY_STOPPING
 
 logger = logging.getLogger(__name__)
 
@@ -468,11 +469,11 @@ def summarize_training(model_dir: str | Path) -> str | None:
 def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str | Path | None = None) -> Path:
     """Write the Hub folder for ``model`` (see :func:`save_for_hub`) and push it if ``args.push_to_hub``.
 
-    The generation config in the folder is set to the beam size and α that produced the card's scores.
-    An existing ``output_dir`` is refused (``FileExistsError``) unless ``args.overwrite``; the folder is
-    written under a temporary name and then replaces the old one whole, so it holds exactly what would
-    be pushed (no stale files, no hand-written README.md kept by accident) and a failure leaves the
-    old one as it was. Raises :class:`HubPushError` (folder kept) when the push fails.
+    The generation config in the folder is set to the beam size, α and stopping rule that produced the
+    card's scores. An existing ``output_dir`` is refused (``FileExistsError``) unless ``args.overwrite``;
+    the folder is written under a temporary name and then replaces the old one whole, so it holds exactly
+    what would be pushed (no stale files, no hand-written README.md kept by accident) and a failure leaves
+    the old one as it was. Raises :class:`HubPushError` (folder kept) when the push fails.
     """
     if args.push_to_hub and not args.hub_model_id:
         raise ValueError("--push_to_hub needs --hub_model_id (e.g. 'user/transformer-base-en-de').")
@@ -483,6 +484,8 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
         decoding = results[0]["decoding"]
         model.generation_config.num_beams = decoding["num_beams"]
         model.generation_config.length_penalty = decoding["length_penalty"]
+        if "early_stopping" in decoding:  # results written before issue 12 do not name it
+            model.generation_config.early_stopping = EARLY_STOPPING[decoding["early_stopping"]]
         card = render_model_card(
             model.config,
             results,

@@ -11,12 +11,23 @@ Defaults are the paper's, all overridable on the command line (``scripts/train.p
   not in ``TrainingArguments.label_smoothing_factor``: HF's ``LabelSmoother`` averages per batch
   and so weighs micro-batches wrongly under gradient accumulation; the model divides the summed
   loss by the Trainer's ``num_items_in_batch`` instead.
-* §5.1 batching: batches of about 25,000 source and 25,000 target tokens (``--max_tokens``,
-  :mod:`hf_vanilla.batching`), optionally accumulated over several steps.
+* §5.3 no gradient clipping (tensor2tensor's ``clip_grad_norm = 0``): ``max_grad_norm = 0``
+  (HF's default is 1.0).
+* §5.1 batching: token-budget batches (``--max_tokens``, :mod:`hf_vanilla.batching`) of at most
+  6,250 padded source + target tokens per process and micro-step: the paper's ≈ 25,000 source +
+  25,000 target tokens per step were spread over 8 GPUs. One optimizer step sees
+  ``max_tokens × processes × gradient_accumulation_steps`` tokens, so on one device
+  ``--gradient_accumulation_steps 8`` gives the paper's step. ``--max_tokens 0`` goes back to
+  sentence-count batches (``--per_device_train_batch_size``).
 * §5.2 length: 100,000 steps for the base model (300,000 for big).
 * §6.1: BLEU on the validation set during training, decoded with the model's generation config
-  (beam 4, length penalty 0.6, max output length = source length + 50); averaging of the last
-  checkpoints at the end (``--average_last_n_checkpoints``; the paper: 5 for base, 20 for big).
+  (beam 4; length penalty α = 0.6 applied as HF's log P / |Y|^α, not the GNMT formula
+  ((5 + |Y|) / 6)^α the paper cites, which ``scripts/evaluate_bleu.py --length_penalty_type gnmt``
+  applies; max output length = source length + 50; stop when no better hypothesis can appear);
+  averaging of the last checkpoints at the end (``--average_last_n_checkpoints``; the paper: 5 for
+  base, 20 for big).
+* Evaluation logs ``eval_loss`` (label-smoothed, what is trained) and beside it ``eval_nll_loss``,
+  the unsmoothed negative log-likelihood per target token, and ``eval_ppl`` = exp(eval_nll_loss).
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ from transformers import (
 )
 from transformers.integrations import is_tensorboard_available
 from transformers.optimization import _get_inverse_sqrt_schedule_lr_lambda
+from transformers.trainer_utils import EvalLoopOutput
 
 from hf_vanilla.averaging import average_last_checkpoints, checkpoint_step
 from hf_vanilla.batching import TokenBudgetSeq2SeqTrainer
@@ -78,6 +90,7 @@ __all__ = [
     "PaperLRLambda",
     "PaperSeq2SeqTrainer",
     "PaperTrainingArguments",
+    "TargetNLL",
     "build_compute_metrics",
     "build_model",
     "check_averaging_is_possible",
@@ -239,6 +252,9 @@ _SIZE_FLAGS = {
 }
 _REPORT_TO = "tensorboard" if is_tensorboard_available() else "none"
 
+#: §5.1: "approximately 25000 source tokens and 25000 target tokens" per step, on 8 GPUs.
+PAPER_MAX_TOKENS_PER_PROCESS = (25_000 + 25_000) // 8
+
 
 @dataclass
 class PaperTrainingArguments(Seq2SeqTrainingArguments):
@@ -296,12 +312,19 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             "it (§6.1: 5 for base, 20 for big; 0 = off)."
         },
     )
-    max_tokens: int | None = field(
-        default=None,
+    max_grad_norm: float = field(
+        default=0.0,
         metadata={
-            "help": "Token budget per batch and process: batch size × (longest source + longest target), "
-            "padding included; replaces per_device_train_batch_size. The paper's ~25000 source + 25000 "
-            "target tokens per step over 8 GPUs (§5.1) is about 6250 per process."
+            "help": "Gradient clipping norm; 0 = none, as the paper (tensor2tensor: clip_grad_norm = 0)."
+        },
+    )
+    max_tokens: int | None = field(
+        default=PAPER_MAX_TOKENS_PER_PROCESS,
+        metadata={
+            "help": "Token budget per batch, process and micro-step: batch size × (longest source + longest "
+            "target), padding included; replaces per_device_train_batch_size. The default is the paper's "
+            "~25000 source + 25000 target tokens per step over its 8 GPUs (§5.1); one step sees max_tokens × "
+            "processes × gradient_accumulation_steps. 0 = batches of per_device_train_batch_size sentences."
         },
     )
     overwrite: bool = field(
@@ -335,8 +358,51 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             )
         if self.learning_rate is not None and self.learning_rate < 0:
             raise ValueError(f"--learning_rate must be >= 0, got {self.learning_rate}.")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"--max_tokens must be a positive number of tokens, got {self.max_tokens}.")
+        if self.max_tokens is not None and self.max_tokens < 0:
+            raise ValueError(
+                f"--max_tokens must be a number of tokens, or 0 for sentence-count batches; got {self.max_tokens}."
+            )
+        if self.max_tokens == 0:
+            self.max_tokens = None  # sentence-count batches (per_device_train_batch_size)
+
+
+# --------------------------------------------------------------------------------------------------
+# Evaluation: the unsmoothed NLL beside the label-smoothed loss
+# --------------------------------------------------------------------------------------------------
+class TargetNLL:
+    """A forward hook (``register_forward_hook(..., with_kwargs=True)``) that reads, from a forward
+    pass given ``labels``, the unsmoothed negative log-likelihood of the labels and their count, per
+    sentence (-100 = ignored); :meth:`gather` collects them over processes after each batch."""
+
+    def __init__(self) -> None:
+        self.batch: tuple[torch.Tensor, torch.Tensor] | None = None  # (B,) NLL sums, (B,) token counts
+        self.nll = 0.0
+        self.tokens = 0
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        labels, logits = kwargs.get("labels"), getattr(output, "logits", None)
+        if labels is None or logits is None:  # e.g. generate()'s decoding steps
+            return
+        labels = labels.to(logits.device)
+        with torch.no_grad():
+            nll = torch.nn.functional.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none"
+            )  # (B·T,), 0 where ignored
+            self.batch = (nll.view(labels.shape).sum(dim=-1), (labels != -100).sum(dim=-1))
+
+    def gather(self, accelerator: Any) -> None:
+        """Add this batch's sums from every process (``gather_for_metrics``: the repeated sentences
+        that even out the last batch are dropped)."""
+        if self.batch is None:
+            return
+        nll, tokens = accelerator.gather_for_metrics(self.batch)
+        self.nll += float(nll.double().sum())
+        self.tokens += int(tokens.sum())
+        self.batch = None
+
+    def per_token(self) -> float | None:
+        """The NLL per target token so far; ``None`` before any labelled batch."""
+        return self.nll / self.tokens if self.tokens else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -350,14 +416,20 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
     * ``lr_scheduler_type="inverse_sqrt"`` uses :class:`PaperLRLambda` (HF's schedule, one step
       later), so that update k gets Eq. (3) at step k.
     * Evaluation with ``predict_with_generate``: ``Seq2SeqTrainer.prediction_step`` fills the
-      model's generation config with HF's global defaults (``max_length=20``, ...) after the
-      first batch, which would cut every later translation at 20 tokens and replace the §6.1 bound
-      of source length + 50 (and be saved with the model). The generation config is restored
-      after every step.
+      model's generation config with HF's global defaults (``max_length=20``, ``top_k=50``, ...)
+      after the first batch, which would then be saved with the model. The model's ``generate()``
+      keeps the §6.1 bound despite them (see its docstring); the generation config is restored
+      after every step anyway, so that the saved one holds only the model's own settings.
+    * Evaluation reports ``<prefix>_nll_loss``, the unsmoothed negative log-likelihood per target
+      token over the whole evaluation set, and ``<prefix>_ppl`` = exp of it, beside the
+      label-smoothed ``<prefix>_loss``. They are read from the logits of the forward pass that
+      computes the loss (no second pass), and gathered over processes without the sentences
+      Accelerate repeats to even out the last batch.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._target_nll: TargetNLL | None = None  # during evaluation only
         if self.args.learning_rate is None:
             d_model = self.model.config.d_model
             warmup = self._warmup_steps_for_peak()
@@ -414,11 +486,39 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         saved = copy.deepcopy(self.model.generation_config)
         try:
-            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
+            step = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
         finally:
             self.model.generation_config = saved
+        if self._target_nll is not None:
+            self._target_nll.gather(self.accelerator)
+        return step
 
-    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+    def evaluation_loop(
+        self,
+        dataloader: torch.utils.data.DataLoader,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """:meth:`_evaluation_loop_once`, plus ``<prefix>_nll_loss`` and ``<prefix>_ppl`` (see the class
+        docstring) when the evaluation set has labels."""
+        self._target_nll = TargetNLL()
+        handle = self.model.register_forward_hook(self._target_nll, with_kwargs=True)
+        try:
+            output = self._evaluation_loop_once(
+                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+            )
+            nll = self._target_nll.per_token()
+        finally:
+            handle.remove()
+            self._target_nll = None
+        if nll is not None:
+            output.metrics[f"{metric_key_prefix}_nll_loss"] = nll
+            output.metrics[f"{metric_key_prefix}_ppl"] = math.exp(min(nll, 700.0))  # no float overflow
+        return output
+
+    def _evaluation_loop_once(self, *args: Any, **kwargs: Any) -> EvalLoopOutput:
         """Score every evaluation sentence exactly once under data parallelism.
 
         ``Seq2SeqTrainer.evaluate``/``predict`` (transformers 5.24) gather with ``accelerator.gather``,
@@ -722,7 +822,7 @@ def _describe(model: torch.nn.Module, training_args: PaperTrainingArguments, tra
     )
     logger.info(
         "Training on %d pairs: batches of %s per device × %d accumulation steps × %d processes, %d steps; "
-        "Adam(β=(%g, %g), ε=%g), schedule %s with %s warmup steps",
+        "Adam(β=(%g, %g), ε=%g), schedule %s with %s warmup steps, %s",
         train_size,
         batch,
         training_args.gradient_accumulation_steps,
@@ -733,6 +833,9 @@ def _describe(model: torch.nn.Module, training_args: PaperTrainingArguments, tra
         training_args.adam_epsilon,
         training_args.lr_scheduler_type,
         training_args.warmup_steps,
+        f"gradients clipped at norm {training_args.max_grad_norm:g}"
+        if training_args.max_grad_norm
+        else "no gradient clipping",
     )
 
 

@@ -4,10 +4,15 @@
 output length during inference to input length + 50, but terminate early when possible."
 
 * **Beam size 4**: ``num_beams=4``.
-* **Maximum output length = input length + 50**, per sentence: this is the default of
-  ``VanillaTransformerForConditionalGeneration.generate()`` when no ``max_length``/``max_new_tokens``
-  is given, so none is passed here. "Input length" counts the unpadded source tokens (subwords, with
-  any special token the tokenizer appends); the bound counts generated tokens including ``</s>``.
+* **Maximum output length = input length + 50**, per sentence: the model's ``generate()`` applies
+  it on every call (the 50 is the generation config's ``max_length_offset``), so nothing is passed
+  here; a ``max_new_tokens``/``max_length`` in ``generate_kwargs`` caps it further. "Input length"
+  counts the unpadded source tokens (subwords, with any special token the tokenizer appends); the
+  bound counts generated tokens including ``</s>``.
+* **"Terminate early when possible"**: beam search stops when no running hypothesis can still beat
+  the finished ones: transformers' ``early_stopping="never"``, the default of ``early_stopping``
+  here. ``"true"`` stops as soon as ``num_beams`` hypotheses have finished, ``"false"`` uses HF's
+  heuristic (``benchmarks/early_stopping.py`` compares them).
 * **Length penalty α = 0.6**. The paper's α refers to the GNMT penalty (Wu et al., 2016, Eq. 14)
   lp(Y) = ((5 + |Y|) / 6)^α, score(Y) = log P(Y | X) / lp(Y). Hugging Face beam search has one fixed
   formula, score(Y) = log P(Y | X) / |Y|^α, applied inside the search when a hypothesis finishes. Two
@@ -42,8 +47,11 @@ from hf_vanilla.tokenization import check_tokenizer_matches_config, load_tokeniz
 logger = logging.getLogger(__name__)
 
 LENGTH_PENALTY_TYPES = ("hf", "gnmt")
+#: ``--early_stopping`` values and what ``generate()`` receives for each.
+EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
 
 __all__ = [
+    "EARLY_STOPPING",
     "LENGTH_PENALTY_TYPES",
     "DecodingOptions",
     "ModelArguments",
@@ -72,8 +80,19 @@ class DecodingOptions:
             "(Wu et al., 2016), applied by rescoring the final num_beams-best list."
         },
     )
+    early_stopping: Literal["never", "true", "false"] = field(
+        default="never",
+        metadata={
+            "help": "When beam search stops. 'never': when no running hypothesis can beat the finished ones "
+            "(§6.1's rule); 'true': as soon as num_beams hypotheses have finished; 'false': HF's heuristic."
+        },
+    )
 
     def __post_init__(self) -> None:
+        if self.early_stopping not in EARLY_STOPPING:
+            raise ValueError(
+                f"`early_stopping` must be one of {sorted(EARLY_STOPPING)}, got {self.early_stopping!r}."
+            )
         if self.length_penalty_type not in LENGTH_PENALTY_TYPES:
             raise ValueError(
                 f"`length_penalty_type` must be one of {LENGTH_PENALTY_TYPES}, got {self.length_penalty_type!r}: "
@@ -93,7 +112,10 @@ class DecodingOptions:
             )
         else:
             penalty = f"HF length penalty |Y|^{self.length_penalty} inside beam search"
-        return f"beam {self.num_beams}, {penalty}, max output length = input length + 50"
+        return (
+            f"beam {self.num_beams}, {penalty}, max output length = input length + 50, "
+            f"early_stopping={self.early_stopping}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "description": self.describe()}
@@ -105,10 +127,14 @@ def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Ten
 
 
 def paper_generation_kwargs(options: DecodingOptions | None = None) -> dict[str, Any]:
-    """``generate()`` keyword arguments for §6.1 decoding (beam size and α; the length bound is the
-    model's default)."""
+    """``generate()`` keyword arguments for §6.1 decoding (beam size, α and the stopping rule; the
+    length bound is the model's own)."""
     options = options or DecodingOptions()
-    return {"num_beams": options.num_beams, "length_penalty": options.length_penalty}
+    return {
+        "num_beams": options.num_beams,
+        "length_penalty": options.length_penalty,
+        "early_stopping": EARLY_STOPPING[options.early_stopping],
+    }
 
 
 def _eos_id(model: Any) -> int:
@@ -268,9 +294,10 @@ def translate(
     Sentences are sorted by token length so each batch holds similar lengths (less padding), then the
     original order is restored. Empty or blank lines are not sent to the model and give empty lines.
     The model is moved to ``device`` (default: CUDA if available) and put in eval mode.
-    ``generate_kwargs`` go to ``model.generate`` (e.g. ``max_new_tokens``, which replaces the
-    per-sentence input length + 50 bound). A tokenizer that does not belong to the model (another
-    size or special-token ids) raises ``ValueError`` before anything is translated.
+    ``generate_kwargs`` go to ``model.generate`` (e.g. ``max_new_tokens``, which caps the output
+    further than the per-sentence input length + 50 bound, or ``max_length_offset``, which changes
+    the 50). A tokenizer that does not belong to the model (another size or special-token ids) raises
+    ``ValueError`` before anything is translated.
     """
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be a positive integer, got {batch_size}.")

@@ -5,8 +5,9 @@ r"""Translate a split with the paper's decoding (§6.1) and report corpus BLEU a
         --split validation --output_dir runs/base/eval
 
 Writes <output_dir>/<split>.hyp.<target_lang> (one hypothesis per line) and
-<output_dir>/<split>.results.json (scores, sacreBLEU signatures, decoding settings), which
-scripts/publish.py puts on the model card. Existing result files are kept unless --overwrite is given.
+<output_dir>/<split>.results.json (scores, sacreBLEU signatures, decoding settings and seconds), which
+scripts/publish.py puts on the model card. Prints BLEU, chrF and the decoding time; compare stopping
+rules with --early_stopping never|true|false. Existing result files are kept unless --overwrite is given.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def _run(argv: list[str]) -> None:
     )
     path = write_results(results, results_file)
     summary = {
-        key: results[key] for key in ("bleu", "chrf", "bleu_signature", "chrf_signature", "num_segments")
+        key: results[key]
+        for key in ("bleu", "chrf", "decoding_seconds", "bleu_signature", "chrf_signature", "num_segments")
     }
     print(json.dumps({**summary, "decoding": decoding.describe(), "results_file": str(path)}, indent=2))
 

@@ -84,6 +84,7 @@ def _trainer(
         "max_steps": 8,
         "warmup_steps": 1,
         "learning_rate": 1e-3,
+        "max_tokens": None,  # sentence-count batches of per_device_train_batch_size
         "per_device_train_batch_size": 4,
         "save_strategy": "steps",
         "save_steps": 3,
