@@ -114,78 +114,48 @@ class VanillaTransformerConfig(PretrainedConfig):
         "num_hidden_layers": "encoder_layers",
     }
 
-    def __init__(
-        self,
-        vocab_size: int = 37000,
-        d_model: int = 512,
-        encoder_layers: int = 6,
-        decoder_layers: int = 6,
-        encoder_attention_heads: int = 8,
-        decoder_attention_heads: int = 8,
-        encoder_ffn_dim: int = 2048,
-        decoder_ffn_dim: int = 2048,
-        activation_function: str = "relu",
-        dropout: float = 0.1,
-        attention_dropout: float = 0.0,
-        activation_dropout: float = 0.0,
-        max_position_embeddings: int = 1024,
-        scale_embedding: bool = True,
-        attention_bias: bool = False,
-        label_smoothing: float = 0.0,
-        init_std: float | None = None,
-        tie_word_embeddings: bool = True,
-        pad_token_id: int = 0,
-        bos_token_id: int = 1,
-        eos_token_id: int = 2,
-        decoder_start_token_id: int | None = None,
-        use_cache: bool = True,
-        is_encoder_decoder: bool = True,
-        position_encoding_layout: str = "interleaved",
-        position_encoding_timescales: str = "paper",
-        position_offset: int = 0,
-        final_logits_bias: bool = False,
-        share_encoder_decoder_embeddings: bool = True,
-        decoder_vocab_size: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self.vocab_size = vocab_size
-        self.d_model = d_model
-        self.encoder_layers = encoder_layers
-        self.decoder_layers = decoder_layers
-        self.encoder_attention_heads = encoder_attention_heads
-        self.decoder_attention_heads = decoder_attention_heads
-        self.encoder_ffn_dim = encoder_ffn_dim
-        self.decoder_ffn_dim = decoder_ffn_dim
-        self.activation_function = activation_function
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.activation_dropout = activation_dropout
-        self.max_position_embeddings = max_position_embeddings
-        self.scale_embedding = scale_embedding
-        self.attention_bias = attention_bias
-        self.label_smoothing = label_smoothing
-        self.init_std = init_std
-        self.use_cache = use_cache
-        self.position_encoding_layout = position_encoding_layout
-        self.position_encoding_timescales = position_encoding_timescales
-        self.position_offset = position_offset
-        self.final_logits_bias = final_logits_bias
-        self.share_encoder_decoder_embeddings = share_encoder_decoder_embeddings
+    # The paper's model (Table 3, base)
+    vocab_size: int = 37000
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    activation_function: str = "relu"
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
+    max_position_embeddings: int = 1024
+    scale_embedding: bool = True
+    attention_bias: bool = False
+    label_smoothing: float | int = 0.0
+    init_std: float | None = None
+    tie_word_embeddings: bool = True
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = None  # None: bos_token_id
+    use_cache: bool = True
+    is_encoder_decoder: bool = True
+
+    # Options for imported checkpoints (OPUS-MT/Marian, fairseq/FSMT), all off by default (deviation 6)
+    position_encoding_layout: str = "interleaved"
+    position_encoding_timescales: str = "paper"
+    position_offset: int = 0
+    final_logits_bias: bool = False
+    share_encoder_decoder_embeddings: bool = True
+    decoder_vocab_size: int | None = None
+
+    def __post_init__(self, **kwargs: Any) -> None:
         # One shared vocabulary has one size: keep it in `vocab_size` only (resizing updates that field).
-        same_vocab = share_encoder_decoder_embeddings and decoder_vocab_size == vocab_size
-        self.decoder_vocab_size = None if same_vocab else decoder_vocab_size
+        if self.share_encoder_decoder_embeddings and self.decoder_vocab_size == self.vocab_size:
+            self.decoder_vocab_size = None
         # The paper starts decoding from a beginning-of-sentence symbol; default to bos.
-        if decoder_start_token_id is None:
-            decoder_start_token_id = bos_token_id
-        super().__init__(
-            pad_token_id=pad_token_id,
-            bos_token_id=bos_token_id,
-            eos_token_id=eos_token_id,
-            decoder_start_token_id=decoder_start_token_id,
-            is_encoder_decoder=is_encoder_decoder,
-            tie_word_embeddings=tie_word_embeddings,
-            **kwargs,
-        )
+        if self.decoder_start_token_id is None:
+            self.decoder_start_token_id = self.bos_token_id
+        super().__post_init__(**kwargs)
         self.validate_architecture()
 
     @classmethod

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +154,21 @@ def test_decoder_text_config_follows_resized_embeddings() -> None:
     model.resize_token_embeddings(120)
     assert model.config.get_text_config(decoder=True).vocab_size == 120
     assert model.get_output_embeddings().weight.shape[0] == 120
+
+
+@pytest.mark.parametrize("name", ["paper", "imported"])
+def test_config_json_saved_before_typed_fields_loads_unchanged(name: str, tmp_path) -> None:
+    """config.json files written by the config class before it had typed fields (tests/data, one with
+    the paper's fields, one with every option for imported checkpoints) load to the same values and
+    save back to the same file."""
+    folder = Path(__file__).parent / "data" / "config_before_typed_fields" / name
+    saved = json.loads((folder / "config.json").read_text())
+    config = VanillaTransformerConfig.from_pretrained(folder)
+    for key, value in saved.items():
+        if key != "transformers_version":
+            assert getattr(config, key) == value, key
+    config.save_pretrained(tmp_path)
+    again = json.loads((tmp_path / "config.json").read_text())
+    assert {k: v for k, v in again.items() if k != "transformers_version"} == {
+        k: v for k, v in saved.items() if k != "transformers_version"
+    }
