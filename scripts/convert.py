@@ -4,7 +4,8 @@
     python scripts/convert.py --source facebook/wmt19-de-en --source_format fsmt --output_dir runs/wmt19-de-en
     python scripts/convert.py --source path/to/marian_folder --output_dir runs/converted
 
-The result loads with `AutoModelForSeq2SeqLM.from_pretrained(output_dir)` after `import hf_vanilla`,
+The result loads with `AutoModelForSeq2SeqLM.from_pretrained(output_dir)` after `import hf_vanilla`, or
+with `trust_remote_code=True` where hf_vanilla is not installed (the folder carries the code),
 gives the original's logits and translations, and keeps the original model's license.
 """
 
