@@ -10,7 +10,7 @@
   is not installed (transformers alone maps only the saved class and ``AutoConfig``; the model's
   ``save_pretrained`` adds ``AutoModel``, and the folder is checked for all three);
 * the tokenizer files;
-* ``README.md``: the model card rendered from the Jinja template ``model_card.md`` with YAML metadata
+* ``README.md``: the model card rendered from the Jinja template ``hf_vanilla/templates/model_card.md`` with YAML metadata
   (languages, license, tags, datasets, metrics and a ``model-index`` with the measured scores) and the
   data's terms of use.
 
@@ -114,16 +114,8 @@ class HubPushError(RuntimeError):
 
 
 def default_template_path() -> Path:
-    """The Jinja model-card template: ``hf_vanilla/templates/model_card.md`` when the package ships one,
-    else ``model_card.md`` at the root of the source checkout."""
-    package = Path(__file__).resolve().parent
-    for candidate in (package / "templates" / "model_card.md", package.parent / "model_card.md"):
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"No model-card template found in {package / 'templates'} or {package.parent}: pass template_path= "
-        "(the repository's model_card.md)."
-    )
+    """The Jinja model-card template shipped in the package, ``hf_vanilla/templates/model_card.md``."""
+    return Path(__file__).resolve().parent / "templates" / "model_card.md"
 
 
 def render_model_card(
@@ -382,7 +374,7 @@ def push_to_hub(
         raise FileNotFoundError(f"{folder} is not a saved model folder: write it first with save_for_hub.")
     later = (
         f"The local folder {folder} is kept. Push it later, when online and logged in (`hf auth login`), with\n"
-        f"  python scripts/publish.py --push_only --output_dir {folder} --push_to_hub --hub_model_id {repo_id}\n"
+        f"  hf-vanilla-publish --push_only --output_dir {folder} --push_to_hub --hub_model_id {repo_id}\n"
         f"or\n  hf upload {repo_id} {folder} ."
     )
     if huggingface_hub.constants.HF_HUB_OFFLINE:
@@ -401,7 +393,7 @@ def push_to_hub(
 
 
 # --------------------------------------------------------------------------------------------------
-# The publish command (scripts/publish.py)
+# The publish command (hf-vanilla-publish, scripts/publish.py)
 # --------------------------------------------------------------------------------------------------
 
 KNOWN_DATASETS = {"multi30k": MULTI30K}
@@ -417,7 +409,7 @@ class PublishArguments:
     results_files: list[str] | None = field(
         default=None,
         metadata={
-            "help": "One or more <split>.results.json written by scripts/evaluate_bleu.py (scores for the card)."
+            "help": "One or more <split>.results.json written by hf-vanilla-evaluate (scores for the card)."
         },
     )
     push_to_hub: bool = field(
@@ -460,7 +452,7 @@ class PublishArguments:
     code_url: str | None = field(default=None, metadata={"help": "Link to the hf_vanilla code on the card."})
     model_card_template: str | None = field(
         default=None,
-        metadata={"help": "Jinja template of the card; default: the repository's model_card.md."},
+        metadata={"help": "Jinja template of the card; default: hf_vanilla/templates/model_card.md."},
     )
 
 
@@ -496,7 +488,7 @@ def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     """Read evaluation results; all must share languages and decoding settings."""
     if not paths:
         raise ValueError(
-            "The model card needs measured scores: run scripts/evaluate_bleu.py first and pass its "
+            "The model card needs measured scores: run hf-vanilla-evaluate first and pass its "
             "<split>.results.json with --results_files."
         )
     results = [json.loads(Path(path).read_text(encoding="utf-8")) for path in paths]
@@ -507,7 +499,7 @@ def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
                 f"The results files disagree on {key!r} ({sorted(values)}): publish one setting at a time."
             )
         if results[0].get(key) is None:
-            raise ValueError(f"{paths[0]} has no {key!r}: write it with scripts/evaluate_bleu.py.")
+            raise ValueError(f"{paths[0]} has no {key!r}: write it with hf-vanilla-evaluate.")
     return results
 
 

@@ -1,29 +1,8 @@
 """Write a CTranslate2 model from an hf_vanilla model folder (needs `pip install 'hf_vanilla[ct2]'`).
 
-    python scripts/export_ctranslate2.py --model_dir runs/opus-mt-de-en --output_dir runs/opus-mt-de-en-ct2
-    python scripts/export_ctranslate2.py --model_dir runs/base --output_dir runs/base-ct2 --quantization int8
+A thin wrapper of `hf_vanilla.cli.export_ctranslate2` (installed as a command by `pip install`; see pyproject.toml)."""
 
-Translate with `ctranslate2.Translator(output_dir).translate_batch(tokens, beam_size=4)`, where `tokens`
-are the tokenizer's token strings (`tokenizer.convert_ids_to_tokens(tokenizer(text).input_ids)`).
-"""
-
-from __future__ import annotations
-
-import logging
-
-from transformers import HfArgumentParser
-
-from hf_vanilla.export_ctranslate2 import ExportArguments, export_from_args
-
-logger = logging.getLogger("export_ctranslate2")
-
-
-def main() -> None:
-    (args,) = HfArgumentParser(ExportArguments).parse_args_into_dataclasses()
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    export_from_args(args)
-    logger.info("Exported %s to %s", args.model_dir, args.output_dir)
-
+from hf_vanilla.cli.export_ctranslate2 import main
 
 if __name__ == "__main__":
     main()

@@ -296,7 +296,7 @@ def test_publish_script_offline_push_fails_clearly_and_keeps_folder(
 def test_publish_argument_errors(model, tokenizer, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs --hub_model_id"):
         publish(model, tokenizer, PublishArguments(output_dir=str(tmp_path), push_to_hub=True))
-    with pytest.raises(ValueError, match=r"evaluate_bleu\.py"):
+    with pytest.raises(ValueError, match="hf-vanilla-evaluate"):
         publish(model, tokenizer, PublishArguments(output_dir=str(tmp_path / "hub")))
     with pytest.raises(ValueError, match="--dataset is required"):
         dataset_card_from_args(PublishArguments(output_dir="x"))

@@ -1,0 +1,59 @@
+r"""Write the folder that would be pushed to the Hugging Face Hub, and push it when asked.
+
+    hf-vanilla-evaluate --model_name_or_path runs/base --validation_files DATA/val ...
+    hf-vanilla-publish --model_name_or_path runs/base --output_dir runs/base/hub \
+        --results_files runs/base/eval/validation.results.json
+    # later, online and logged in (`hf auth login`):
+    hf-vanilla-publish --push_only --output_dir runs/base/hub --push_to_hub --hub_model_id user/name
+
+The folder holds model.safetensors, config.json (auto_map for AutoConfig, AutoModel and
+AutoModelForSeq2SeqLM), the modeling code, generation_config.json, the tokenizer and README.md (the model
+card rendered from hf_vanilla/templates/model_card.md, with the scores, the decoding settings and the data's terms of use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass, field
+
+from transformers import HfArgumentParser
+
+from hf_vanilla.hub import HubPushError, PublishArguments, publish
+from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
+
+
+@dataclass
+class OptionalModelArguments(ModelArguments):
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "The trained model folder (not needed with --push_only)."}
+    )
+    device: str = field(default="cpu", metadata={"help": "Where to load the model while saving it."})
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def main() -> None:
+    parser = HfArgumentParser(
+        (OptionalModelArguments, PublishArguments), description=__doc__, formatter_class=_Formatter
+    )
+    model_args, args = parser.parse_args_into_dataclasses()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    model = tokenizer = None
+    if not args.push_only:
+        if not model_args.model_name_or_path:
+            parser.error("--model_name_or_path is required unless --push_only.")
+        model, tokenizer = load_model_and_tokenizer(model_args)
+    try:
+        folder = publish(model, tokenizer, args, model_dir=model_args.model_name_or_path)
+    except HubPushError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    print(folder)
+
+
+if __name__ == "__main__":
+    main()
