@@ -150,6 +150,10 @@ def test_publish_folder_is_self_contained_and_its_card_runs(model, tokenizer, tm
     assert_self_contained(folder, tmp_path)
     text = (folder / "README.md").read_text()
     assert "tok:intl" in text  # the card names the BLEU variant the scores used
+    # The metadata parses back with huggingface_hub (model-index included) and says what was given.
+    data = ModelCard.load(folder / "README.md", ignore_metadata_errors=False).data
+    assert (data.license, data.datasets, data.language) == ("other", ["multi30k"], ["en", "de"])
+    assert {r.metric_type: r.metric_config for r in data.eval_results}["bleu"] == result["bleu_signature"]
     run_card(folder, tmp_path)
 
 
