@@ -26,7 +26,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
-from hf_vanilla.checkpointing import atomic_directory, verify_safetensors_file
+from hf_vanilla.checkpointing import atomic_directory, refuse_to_replace, verify_safetensors_file
 from hf_vanilla.hub import save_model_folder
 
 logger = logging.getLogger(__name__)
@@ -164,12 +164,17 @@ def _load_into_model(model: PreTrainedModel, state: dict[str, torch.Tensor], sou
         raise ValueError(f"The checkpoints lack parameters of the model in {source}: {untied[:5]}.")
 
 
-def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Path) -> Path:
+def average_checkpoints(
+    checkpoints: Sequence[str | Path], output_dir: str | Path, overwrite: bool = False
+) -> Path:
     """Average the parameters of ``checkpoints`` (§6.1) into a ``from_pretrained``-able folder.
 
     The configuration, generation configuration and tokenizer files come from the last checkpoint
     of the list (pass them oldest first, as :func:`find_checkpoints` returns them). Returns
-    ``output_dir``.
+    ``output_dir``. An existing ``output_dir`` (other than an empty folder) is refused with
+    ``FileExistsError`` unless ``overwrite``; a folder that holds one of the checkpoints (the run
+    folder itself, say) is always refused. The result is written to a temporary folder and renamed
+    into place when complete, so a failure leaves the old folder as it was.
     """
     paths = [Path(c) for c in checkpoints]
     if not paths:
@@ -180,10 +185,14 @@ def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Pat
     if len({p.resolve() for p in paths}) != len(paths):
         raise ValueError(f"A checkpoint is listed twice: {[str(p) for p in paths]}.")
     output_dir = Path(output_dir)
-    if any(output_dir.resolve() == p.resolve() for p in paths):
+    inside = [p for p in paths if output_dir.resolve() in (p.resolve(), *p.resolve().parents)]
+    if inside:
         raise ValueError(
-            f"The output folder {str(output_dir)!r} is one of the checkpoints; choose a new folder."
+            f"--output_dir {str(output_dir)!r} holds the checkpoint {str(inside[0])!r}: replacing it would delete "
+            "the checkpoints being averaged (the training run). Choose a new folder, e.g. "
+            f"{str(inside[0].parent / 'averaged')!r}."
         )
+    refuse_to_replace(output_dir, overwrite, "--output_dir")
 
     logger.info("Averaging %d checkpoints: %s", len(paths), ", ".join(p.name for p in paths))
     states = [load_safetensors_state_dict(p) for p in paths]
@@ -209,9 +218,12 @@ def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Pat
     return output_dir
 
 
-def average_last_checkpoints(run_dir: str | Path, last_n: int, output_dir: str | Path) -> Path:
+def average_last_checkpoints(
+    run_dir: str | Path, last_n: int, output_dir: str | Path, overwrite: bool = False
+) -> Path:
     """Average the last ``last_n`` checkpoints (by step) of a training run into ``output_dir``
-    (§6.1: the paper averaged the last 5 checkpoints of its base models, the last 20 of its big ones)."""
+    (§6.1: the paper averaged the last 5 checkpoints of its base models, the last 20 of its big ones).
+    ``overwrite``: as in :func:`average_checkpoints`."""
     if isinstance(last_n, bool) or not isinstance(last_n, int) or last_n < 1:
         raise ValueError(f"The number of checkpoints to average must be a positive integer, got {last_n!r}.")
     found = find_checkpoints(run_dir)
@@ -226,4 +238,4 @@ def average_last_checkpoints(run_dir: str | Path, last_n: int, output_dir: str |
             f"({', '.join(p.name for p in found)}). Lower the number, or save more often (--save_steps) and keep "
             "more (--save_total_limit)."
         )
-    return average_checkpoints(found[-last_n:], output_dir)
+    return average_checkpoints(found[-last_n:], output_dir, overwrite)

@@ -23,9 +23,12 @@ module provides the pieces; :mod:`hf_vanilla.training` plugs them into the ``Tra
   :class:`ResilientTrainerMixin`): a folder is written under a temporary name next to its final place
   and renamed into place only when complete, so a crash never leaves a half-written folder where a
   good one was. The Trainer mixin does this for every ``checkpoint-<step>`` and for the final model.
-* **Preemption** (:class:`SaveOnSignalCallback`): on SIGTERM (what SLURM, Kubernetes and ``torchrun``
-  send before killing a job) the run finishes its current optimizer step, saves a checkpoint and
-  exits; ``--resume_from_checkpoint last`` continues it. All processes agree on the step.
+  :func:`atomic_file` does the same for one file; :func:`refuse_to_replace` stops a command before
+  it would replace an output the user did not ask it to (``--overwrite``).
+* **Preemption and Ctrl-C** (:class:`SaveOnSignalCallback`): on SIGTERM (what SLURM, Kubernetes and
+  ``torchrun`` send before killing a job) or SIGINT (Ctrl-C) the run finishes its current optimizer
+  step, saves a checkpoint and exits; ``--resume_from_checkpoint last`` continues it. All processes
+  agree on the step.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import uuid
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TextIO
 
 import torch
 from transformers import (
@@ -69,11 +72,13 @@ __all__ = [
     "SaveOnSignalCallback",
     "UnsafeCheckpointError",
     "atomic_directory",
+    "atomic_file",
     "find_complete_checkpoints",
     "last_complete_checkpoint",
     "load_pretrained_checked",
     "pickle_globals",
     "publish_directory",
+    "refuse_to_replace",
     "save_pretrained_atomic",
     "verify_checkpoint",
     "verify_checksums",
@@ -556,6 +561,39 @@ def publish_directory(staged: str | Path, final: str | Path) -> Path:
     return final
 
 
+def refuse_to_replace(path: str | Path, overwrite: bool, what: str = "The output") -> None:
+    """Raise ``FileExistsError`` if ``path`` exists (an empty folder does not count) and not ``overwrite``.
+
+    Commands call it before doing any work, so a refused run changes nothing and costs nothing.
+    """
+    path = Path(path)
+    if overwrite or not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        return
+    kind = "folder" if path.is_dir() else "file"
+    raise FileExistsError(
+        f"{what} {str(path)!r} already exists (a {kind}); nothing was changed. Choose another path, or pass "
+        "--overwrite to replace it."
+    )
+
+
+@contextlib.contextmanager
+def atomic_file(final: str | Path, binary: bool = False) -> Iterator[TextIO | BinaryIO]:
+    """A file (UTF-8 text, or bytes with ``binary``) written under a temporary name beside ``final``
+    and renamed to ``final`` only if the block succeeds: ``final`` is the old file (or absent) until
+    the new one is complete."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staged = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with staged.open("wb") if binary else staged.open("w", encoding="utf-8") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staged, final)
+    finally:
+        staged.unlink(missing_ok=True)
+
+
 def _fsync_dir(path: Path) -> None:
     if hasattr(os, "O_DIRECTORY"):
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -727,20 +765,23 @@ def _agree_across_processes(flag: bool) -> bool:
 
 
 class SaveOnSignalCallback(TrainerCallback):
-    """On SIGTERM, finish the current optimizer step, save a checkpoint, and exit (preemption, §5.2's
-    days-long runs on shared clusters).
+    """On SIGTERM or SIGINT (Ctrl-C), finish the current optimizer step, save a checkpoint, and exit
+    (preemption, §5.2's days-long runs on shared clusters; an interrupted run loses no steps).
 
     At every step end all processes agree (one all-reduce of a flag) whether any of them has received
     the signal, so they save the same step together. After the checkpoint is written the process exits
-    with status ``128 + signal`` (143 for SIGTERM), which schedulers read as "terminated by signal";
-    ``--resume_from_checkpoint last`` then continues the run. A second signal kills at once (the default
-    action is restored after the first). A signal that arrives during evaluation or saving takes effect
-    at the next step end. ``torchrun`` forwards SIGTERM to every worker and waits up to 30 s before
-    SIGKILL, which bounds the time left to finish the step and save.
+    with status ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), which schedulers and shells read as
+    "terminated by signal"; ``--resume_from_checkpoint last`` then continues the run. A second signal
+    acts at once: the previous handlers are restored after the first (SIGTERM's default kills the
+    process, Python's SIGINT handler raises ``KeyboardInterrupt``). A signal that arrives during
+    evaluation or saving takes effect at the next step end. ``torchrun`` forwards SIGTERM to every
+    worker and waits up to 30 s before SIGKILL, which bounds the time left to finish the step and save.
     """
 
     def __init__(
-        self, signals: Iterable[int] = (signal.SIGTERM,), exit_fn: Callable[[int], None] | None = None
+        self,
+        signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT),
+        exit_fn: Callable[[int], None] | None = None,
     ) -> None:
         self.signals = tuple(signals)
         self.received: int | None = None
@@ -751,7 +792,8 @@ class SaveOnSignalCallback(TrainerCallback):
     def _handle(self, signum: int, frame: Any) -> None:
         self.received = signum
         logger.warning(
-            "Received %s: finishing this step, saving a checkpoint and stopping.", signal.Signals(signum).name
+            "Received %s: finishing this step, saving a checkpoint and stopping (send it again to stop at once).",
+            signal.Signals(signum).name,
         )
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)  # a second signal acts at once

@@ -40,6 +40,8 @@ from huggingface_hub import ModelCard, ModelCardData, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 from transformers import AutoConfig, FSMTForConditionalGeneration, MarianMTModel, PreTrainedModel
 
+from .checkpointing import atomic_directory, refuse_to_replace
+from .cli import OVERWRITE_HELP
 from .configuration_vanilla_transformer import _ACTIVATIONS, VanillaTransformerConfig
 from .hub import save_model_folder
 from .modeling_vanilla_transformer import (
@@ -106,6 +108,7 @@ class ConversionArguments:
         },
     )
     revision: str | None = field(default=None, metadata={"help": "Hub revision (branch, tag or commit)."})
+    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -413,8 +416,11 @@ removed its own `translation` pipeline).
 """
 
 
-def _write_model_card(source: str, source_format: str, output_dir: Path, from_hub: bool) -> None:
-    """The card: the original's license and languages, ``base_model`` (a Hub source), ``pipeline_tag``."""
+def _write_model_card(
+    source: str, source_format: str, output_dir: Path, final_dir: Path, from_hub: bool
+) -> None:
+    """The card, written into ``output_dir`` (its usage example loads ``final_dir``, where the folder ends
+    up): the original's license and languages, ``base_model`` (a Hub source), ``pipeline_tag``."""
     original = output_dir / "ORIGINAL_README.md"
     original_data = ModelCard.load(original).data if original.is_file() else ModelCardData()
     license_name = original_data.license
@@ -438,23 +444,33 @@ def _write_model_card(source: str, source_format: str, output_dir: Path, from_hu
         "(see `ORIGINAL_README.md`"
         + (" and the license files" if any(output_dir.glob("LICENSE*")) else "")
         + ").\n"
-        + _USAGE.format(folder=output_dir, example="Hello world.")
+        + _USAGE.format(folder=final_dir, example="Hello world.")
     )
     card.save(output_dir / "README.md")
 
 
 def convert(
-    source: str, output_dir: str | Path, source_format: str = "auto", revision: str | None = None
+    source: str,
+    output_dir: str | Path,
+    source_format: str = "auto",
+    revision: str | None = None,
+    overwrite: bool = False,
 ) -> VanillaTransformerForConditionalGeneration:
     """Convert the Marian or FSMT model at ``source`` (folder or Hub id) into an hf_vanilla folder
-    with the model, the original generation config, the tokenizer files and a provenance/license card."""
+    with the model, the original generation config, the tokenizer files and a provenance/license card.
+
+    An existing ``output_dir`` (other than an empty folder) raises ``FileExistsError`` unless
+    ``overwrite``; the folder is written under a temporary name and renamed into place when complete.
+    """
+    output_dir = Path(output_dir)
+    refuse_to_replace(output_dir, overwrite, "--output_dir")
     folder = _local_folder(source, revision)
     model, model_type = load_source_model(folder, source_format)
     converted = convert_model(model)
-    output_dir = Path(output_dir)
-    save_model_folder(converted, None, output_dir)
-    copied = _copy_side_files(folder, output_dir)
-    _write_model_card(source, model_type, output_dir, from_hub=not Path(source).is_dir())
+    with atomic_directory(output_dir) as staged:
+        save_model_folder(converted, None, staged)
+        copied = _copy_side_files(folder, staged)
+        _write_model_card(source, model_type, staged, output_dir, from_hub=not Path(source).is_dir())
     if not any(name.startswith(("tokenizer", "vocab", "source.spm", "spiece")) for name in copied):
         logger.warning(
             "No tokenizer files found in %s: add the tokenizer to %s yourself.", folder, output_dir
@@ -464,4 +480,4 @@ def convert(
 
 
 def convert_from_args(args: ConversionArguments) -> VanillaTransformerForConditionalGeneration:
-    return convert(args.source, args.output_dir, args.source_format, args.revision)
+    return convert(args.source, args.output_dir, args.source_format, args.revision, args.overwrite)

@@ -3,13 +3,15 @@
 Scores come from sacreBLEU through a local ``evaluate`` metric module shipped in this package
 (:data:`METRIC_PATH`), so nothing is fetched from the Hub: corpus BLEU (cased, ``13a``
 tokenizer) and chrF, each with its sacreBLEU signature. Translations use the paper's decoding
-(beam 4, α = 0.6, max output length = input length + 50; see :mod:`hf_vanilla.translate`).
+(beam 4, α = 0.6, max output length = input length + 50, stop when no better hypothesis can appear;
+see :mod:`hf_vanilla.translate`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 
 import evaluate
 
+from hf_vanilla.checkpointing import atomic_file
 from hf_vanilla.translate import DecodingOptions, translate
 
 logger = logging.getLogger(__name__)
@@ -84,7 +87,8 @@ def evaluate_translations(
 
     Returns:
         the scores of :func:`compute_bleu_chrf` plus ``"num_segments"``, ``"decoding"`` (the settings,
-        including which length penalty was used) and ``"hypotheses"``.
+        including which length penalty and stopping rule were used), ``"decoding_seconds"`` (wall
+        time of the translation alone) and ``"hypotheses"``.
     """
     if len(sources) != len(references):
         raise ValueError(
@@ -92,14 +96,22 @@ def evaluate_translations(
         )
     options = options or DecodingOptions()
     logger.info("Translating %d segments: %s", len(sources), options.describe())
+    start = time.perf_counter()
     hypotheses = translate(model, tokenizer, sources, options, batch_size, device, generate_kwargs)
+    decoding_seconds = time.perf_counter() - start
+    logger.info("Translated %d segments in %.1f s", len(sources), decoding_seconds)
     if hypotheses_file is not None:
-        hypotheses_file = Path(hypotheses_file)
-        hypotheses_file.parent.mkdir(parents=True, exist_ok=True)
-        hypotheses_file.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        with atomic_file(hypotheses_file) as handle:  # whole or absent
+            handle.write("".join(h + "\n" for h in hypotheses))
         logger.info("Wrote %s", hypotheses_file)
     scores = compute_bleu_chrf(hypotheses, references)
-    return {**scores, "num_segments": len(sources), "decoding": options.to_dict(), "hypotheses": hypotheses}
+    return {
+        **scores,
+        "num_segments": len(sources),
+        "decoding": options.to_dict(),
+        "decoding_seconds": decoding_seconds,
+        "hypotheses": hypotheses,
+    }
 
 
 def evaluate_dataset(
@@ -131,9 +143,9 @@ def evaluate_dataset(
 
 
 def write_results(results: dict[str, Any], path: str | Path) -> Path:
-    """Write the scores and decoding settings (not the hypotheses) as JSON."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write the scores and decoding settings (not the hypotheses) as JSON (under a temporary name, then
+    renamed into place)."""
     summary = {key: value for key, value in results.items() if key != "hypotheses"}
-    path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return path
+    with atomic_file(path) as handle:
+        handle.write(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    return Path(path)

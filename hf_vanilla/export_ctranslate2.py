@@ -32,11 +32,13 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from .checkpointing import atomic_directory, refuse_to_replace, verify_model_folder
 from .modeling_vanilla_transformer import (
     VanillaTransformerAttention,
     VanillaTransformerForConditionalGeneration,
     sinusoidal_position_encoding,
 )
+from .tokenization import check_tokenizer_matches_config
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,13 @@ class ExportArguments:
             "help": "CTranslate2 weight type, e.g. int8, int8_float32, float16 (default: keep float32)."
         },
     )
-    force: bool = field(default=False, metadata={"help": "Overwrite output_dir if it exists."})
+    overwrite: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace an existing output_dir (written to a temporary folder, then renamed into place).",
+            "aliases": ["--force"],
+        },
+    )
 
 
 def _require_ctranslate2() -> None:
@@ -224,6 +232,7 @@ class VanillaTransformerConverter(Converter):
         self.model_dir = Path(model_dir)
 
     def _load(self) -> object:
+        verify_model_folder(self.model_dir)  # a damaged or unsafe file: an error naming it
         model = VanillaTransformerForConditionalGeneration.from_pretrained(
             self.model_dir, dtype=torch.float32
         )
@@ -234,23 +243,26 @@ class VanillaTransformerConverter(Converter):
                 f"No usable tokenizer in {self.model_dir} ({error}): CTranslate2 works on token strings, so "
                 "save the model's tokenizer into the folder first (`tokenizer.save_pretrained(folder)`)."
             ) from error
+        check_tokenizer_matches_config(tokenizer, model.config, f"both in {self.model_dir}")
         source_tokens, target_tokens = vocabularies(tokenizer, model)
         return transformer_spec(model, source_tokens, target_tokens, unk_token=tokenizer.unk_token or "<unk>")
 
 
 def export_ctranslate2(
-    model_dir: str | Path, output_dir: str | Path, quantization: str | None = None, force: bool = False
+    model_dir: str | Path, output_dir: str | Path, quantization: str | None = None, overwrite: bool = False
 ) -> str:
-    """Write the CTranslate2 model of the hf_vanilla folder ``model_dir`` to ``output_dir``."""
+    """Write the CTranslate2 model of the hf_vanilla folder ``model_dir`` to ``output_dir``.
+
+    An existing ``output_dir`` (other than an empty folder) raises ``FileExistsError`` unless
+    ``overwrite``; the model is written to a temporary folder and renamed into place when complete.
+    """
     _require_ctranslate2()
-    if Path(output_dir).exists() and not force:
-        raise FileExistsError(f"{output_dir} exists: choose another output_dir or pass force=True (--force).")
-    written = VanillaTransformerConverter(model_dir).convert(
-        str(output_dir), quantization=quantization, force=force
-    )
-    logger.info("Wrote the CTranslate2 model %s", written)
-    return written
+    refuse_to_replace(output_dir, overwrite, "--output_dir")
+    with atomic_directory(output_dir) as staged:
+        VanillaTransformerConverter(model_dir).convert(str(staged), quantization=quantization, force=True)
+    logger.info("Wrote the CTranslate2 model %s", output_dir)
+    return str(output_dir)
 
 
 def export_from_args(args: ExportArguments) -> str:
-    return export_ctranslate2(args.model_dir, args.output_dir, args.quantization, args.force)
+    return export_ctranslate2(args.model_dir, args.output_dir, args.quantization, args.overwrite)

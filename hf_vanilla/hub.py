@@ -35,9 +35,11 @@ from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
 from transformers.dynamic_module_utils import custom_object_save
 
-from hf_vanilla.checkpointing import PICKLE_SUFFIXES
+from hf_vanilla.checkpointing import PICKLE_SUFFIXES, atomic_directory, refuse_to_replace
+from hf_vanilla.cli import OVERWRITE_HELP
 from hf_vanilla.pipeline_vanilla_transformer import TASK as PIPELINE_TASK
 from hf_vanilla.pipeline_vanilla_transformer import VanillaTranslationPipeline
+from hf_vanilla.translate import EARLY_STOPPING
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +111,7 @@ MULTI30K = DatasetCard(
 )
 
 
-class HubPushError(RuntimeError):
+class HubPushError(OSError):
     """The upload did not happen; the local folder is kept."""
 
 
@@ -404,7 +406,10 @@ class PublishArguments:
     """What to publish and where."""
 
     output_dir: str = field(
-        metadata={"help": "The folder to write: exactly what would be pushed to the Hub."}
+        metadata={
+            "help": "The folder to write: exactly what would be pushed to the Hub (an existing one needs "
+            "--overwrite, and is then replaced whole)."
+        }
     )
     results_files: list[str] | None = field(
         default=None,
@@ -422,6 +427,7 @@ class PublishArguments:
     push_only: bool = field(
         default=False, metadata={"help": "Push an already written --output_dir without rebuilding it."}
     )
+    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
     dataset: str | None = field(
         default=None,
         metadata={
@@ -521,17 +527,23 @@ def summarize_training(model_dir: str | Path) -> str | None:
 def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str | Path | None = None) -> Path:
     """Write the Hub folder for ``model`` (see :func:`save_for_hub`) and push it if ``args.push_to_hub``.
 
-    The generation config in the folder is set to the beam size and α that produced the card's scores.
-    Raises :class:`HubPushError` (folder kept) when the push fails.
+    The generation config in the folder is set to the beam size, α and stopping rule that produced the
+    card's scores. An existing ``output_dir`` is refused (``FileExistsError``) unless ``args.overwrite``;
+    the folder is written under a temporary name and then replaces the old one whole, so it holds exactly
+    what would be pushed (no stale files, no hand-written README.md kept by accident) and a failure leaves
+    the old one as it was. Raises :class:`HubPushError` (folder kept) when the push fails.
     """
     if args.push_to_hub and not args.hub_model_id:
         raise ValueError("--push_to_hub needs --hub_model_id (e.g. 'user/transformer-base-en-de').")
     folder = Path(args.output_dir)
     if not args.push_only:
+        refuse_to_replace(folder, args.overwrite, "--output_dir")
         results = load_results(args.results_files or [])
         decoding = results[0]["decoding"]
         model.generation_config.num_beams = decoding["num_beams"]
         model.generation_config.length_penalty = decoding["length_penalty"]
+        if "early_stopping" in decoding:  # results written before issue 12 do not name it
+            model.generation_config.early_stopping = EARLY_STOPPING[decoding["early_stopping"]]
         card = render_model_card(
             model.config,
             results,
@@ -551,7 +563,8 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
             "decoding": decoding,
             "source_model": str(model_dir) if model_dir else None,
         }
-        save_for_hub(model, tokenizer, folder, card, metadata)
+        with atomic_directory(folder) as staged:
+            save_for_hub(model, tokenizer, staged, card, metadata)
     elif not folder.is_dir():
         raise FileNotFoundError(
             f"--push_only: {folder} does not exist; write it first (run without --push_only)."

@@ -23,7 +23,8 @@ Deviations from the paper (each a deliberate, documented choice):
 2. Decoding starts from ``decoder_start_token_id`` (by default the ``<s>`` token) and stops at
    ``</s>``; the paper does not name its start symbol.
 3. The maximum output length of §6.1 (input length + 50) is applied per sentence: a row holds at
-   most its own (unpadded) source length + 50 generated tokens, its ``</s>`` included.
+   most its own (unpadded) source length + 50 generated tokens, its ``</s>`` included (the 50 is the
+   generation config's ``max_length_offset``).
 4. Label smoothing (§5.4) is computed in the model's loss (``config.label_smoothing``) so that its
    normalisation under gradient accumulation and data parallelism is the same as the plain loss.
 5. Padding: the paper does not discuss it. Keys that are padding are masked in every attention; a
@@ -36,6 +37,9 @@ Deviations from the paper (each a deliberate, documented choice):
    separate source and target vocabularies (``share_encoder_decoder_embeddings``,
    ``decoder_vocab_size``); together with the existing ``activation_function`` (swish/GELU),
    ``scale_embedding`` (no √d_model), ``attention_bias`` and ``tie_word_embeddings``.
+7. The length penalty α = 0.6 of §6.1 is applied as transformers' beam search does,
+   log P(Y | X) / |Y|^α; the paper cites GNMT's ((5 + |Y|) / 6)^α, which ``hf_vanilla.translate``
+   offers as n-best rescoring (``length_penalty_type="gnmt"``).
 
 Shape notation: B batch, S source length, T target length (new tokens in this call), P cached
 target length, K key length, D = d_model, H heads, Dh = D / H per-head width, F = d_ff, V vocabulary.
@@ -49,6 +53,7 @@ Mask semantics (all masks are built in :func:`build_attention_mask`):
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Callable
@@ -56,7 +61,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedModel
+from transformers import (
+    GenerationConfig,
+    GenerationMixin,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+)
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
@@ -72,6 +83,7 @@ from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.loading_report import LoadStateDictInfo
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .fast_paths import dropout as fast_dropout
@@ -556,8 +568,10 @@ def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> Non
     """Raise a clear error for ids outside [0, V) instead of an index error deep inside torch: on
     the CPU always (outside compilation and transforms), elsewhere only with
     ``HF_VANILLA_CHECK_TOKEN_IDS=1`` (it needs a host sync)."""
-    if input_ids.shape[-1] == 0:
-        raise ValueError(f"`{name}` is empty (sequence length 0): give at least one token per row.")
+    if input_ids.numel() == 0:
+        raise ValueError(
+            f"`{name}` is empty (shape {tuple(input_ids.shape)}): give at least one row of at least one token."
+        )
     if not (
         _readable(input_ids) or (os.environ.get(CHECK_TOKEN_IDS) == "1" and not torch.compiler.is_compiling())
     ):
@@ -571,13 +585,35 @@ def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> Non
         )
 
 
-class VanillaTransformerEncoder(nn.Module):
+def _check_labels(labels: torch.Tensor, vocab_size: int) -> None:
+    """Raise a clear error for labels outside [0, V) other than -100 (ignored), instead of an index
+    error inside the loss. It reads the values, so the caller runs it only where that is free
+    (:func:`_readable`)."""
+    if labels.numel() == 0:
+        return
+    bad = labels[(labels != -100) & ((labels < 0) | (labels >= vocab_size))]
+    if bad.numel():
+        raise ValueError(
+            f"`labels` contain token id {int(bad[0])}, outside the vocabulary [0, {vocab_size}) (-100 marks "
+            "ignored positions). Tokenize the targets with the tokenizer the model was trained with."
+        )
+
+
+class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
     """§3.1 encoder: N identical layers over Dropout(√d_model · Embedding(x) + PE) (§3.4, §3.5, §5.4).
-    There is no final LayerNorm: the last layer's post-LN output is the encoder output."""
+    There is no final LayerNorm: the last layer's post-LN output is the encoder output.
+
+    ``output_hidden_states`` / ``output_attentions`` are recorded by transformers' output-capturing
+    hooks (``_can_record_outputs``), as in its own models: each layer's output, the embedding output
+    first, and each self-attention's weights."""
+
+    _can_record_outputs = {
+        "hidden_states": VanillaTransformerEncoderLayer,
+        "attentions": VanillaTransformerAttention,
+    }
 
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = VanillaTransformerPositionalEncoding.from_config(config)
@@ -585,14 +621,15 @@ class VanillaTransformerEncoder(nn.Module):
             [VanillaTransformerEncoderLayer(config) for _ in range(config.encoder_layers)]
         )
         self.dropout = config.dropout
+        self.post_init()
 
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         **kwargs: object,
     ) -> BaseModelOutput:
         """input_ids (B, S) → last_hidden_state (B, S, D); ``hidden_states[0]`` is the embedding output."""
@@ -609,27 +646,27 @@ class VanillaTransformerEncoder(nn.Module):
         mask = build_attention_mask(
             attention_mask, hidden_states.shape[1], hidden_states.shape[1], causal=False
         )
-
-        all_hidden = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         for layer in self.layers:
-            hidden_states, weights = layer(hidden_states, mask, output_attentions=bool(output_attentions))
-            if output_hidden_states:
-                all_hidden += (hidden_states,)
-            if output_attentions:
-                all_attentions += (weights,)
-        return BaseModelOutput(
-            last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=all_attentions
-        )
+            hidden_states, _ = layer(hidden_states, mask, output_attentions=bool(output_attentions))
+        return BaseModelOutput(last_hidden_state=hidden_states)
 
 
-class VanillaTransformerDecoder(nn.Module):
+class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
     """§3.1 decoder: N identical layers over Dropout(√d_model · Embedding(y) + PE), with the
-    self-attention masked so that position i sees only positions ≤ i. No final LayerNorm."""
+    self-attention masked so that position i sees only positions ≤ i. No final LayerNorm.
+
+    Hidden states, self-attention and cross-attention weights are recorded by transformers'
+    output-capturing hooks, as for the encoder."""
+
+    _can_record_outputs = {
+        "hidden_states": VanillaTransformerDecoderLayer,
+        "attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="encoder_attn"),
+    }
 
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = VanillaTransformerPositionalEncoding.from_config(config)
@@ -637,7 +674,9 @@ class VanillaTransformerDecoder(nn.Module):
             [VanillaTransformerDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)]
         )
         self.dropout = config.dropout
+        self.post_init()
 
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -648,7 +687,6 @@ class VanillaTransformerDecoder(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         **kwargs: object,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """input_ids (B, T) and encoder output (B, S, D) → last_hidden_state (B, T, D)."""
@@ -674,6 +712,7 @@ class VanillaTransformerDecoder(nn.Module):
         )
         hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
 
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         key_length = (
             cache.self_attention_cache.get_mask_sizes(length, 0)[0] if cache is not None else length
         )  # P + T, or a static cache's capacity
@@ -702,11 +741,8 @@ class VanillaTransformerDecoder(nn.Module):
             encoder_attention_mask, length, encoder_hidden_states.shape[1], causal=False
         )
 
-        all_hidden = (hidden_states,) if output_hidden_states else None
-        all_self = () if output_attentions else None
-        all_cross = () if output_attentions else None
         for layer in self.layers:
-            hidden_states, self_weights, cross_weights = layer(
+            hidden_states, _, _ = layer(
                 hidden_states,
                 encoder_hidden_states,
                 attention_mask=self_mask,
@@ -714,17 +750,8 @@ class VanillaTransformerDecoder(nn.Module):
                 cache=cache,
                 output_attentions=bool(output_attentions),
             )
-            if output_hidden_states:
-                all_hidden += (hidden_states,)
-            if output_attentions:
-                all_self += (self_weights,)
-                all_cross += (cross_weights,)
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
-            cache=cache if use_cache else None,
-            hidden_states=all_hidden,
-            attentions=all_self,
-            cross_attentions=all_cross,
+            last_hidden_state=hidden_states, cache=cache if use_cache else None
         )
 
 
@@ -891,14 +918,34 @@ def _source_lengths(inputs: torch.Tensor | None, kwargs: dict[str, object]) -> t
     return torch.full((source.shape[0],), source.shape[1], device=source.device)
 
 
-class _SourceLengthBound(LogitsProcessor):
-    """§6.1 per sentence: a hypothesis holds at most ``source length + 50`` generated tokens, its
-    ``</s>`` included, so after ``source length + 49`` tokens only ``</s>`` may follow.
-    ``source_lengths`` has one entry per sentence (rows are sentences × beams)."""
+def _first_set(name: str, kwargs: dict[str, object], configs: list[GenerationConfig]) -> object:
+    """The value of a generation parameter as ``generate()`` resolves it: the call's keyword argument,
+    else the first generation config (the one passed, then the model's) that sets it; ``None``."""
+    values = (kwargs.get(name), *(getattr(config, name, None) for config in configs))
+    return next((value for value in values if value is not None), None)
 
-    def __init__(self, source_lengths: torch.Tensor, start_length: int, eos_token_id: int) -> None:
-        # (rows,) decoder length at which only </s> may follow: source length + 50 tokens in all.
-        self.limits = source_lengths + MAX_LENGTH_OFFSET - 1 + start_length
+
+def _user_length_cap(kwargs: dict[str, object], configs: list[GenerationConfig]) -> bool:
+    """Whether a ``max_new_tokens`` or ``max_length`` caps this ``generate()`` call. A config's
+    ``max_length`` equal to transformers' global default (20) is not a cap: ``Seq2SeqTrainer``
+    writes that default into the model's generation config when it is unset."""
+    if _first_set("max_new_tokens", kwargs, configs) is not None or kwargs.get("max_length") is not None:
+        return True
+    max_length = _first_set("max_length", kwargs, configs)
+    return max_length not in (None, GenerationConfig._get_default_generation_params()["max_length"])
+
+
+class _SourceLengthBound(LogitsProcessor):
+    """§6.1 per sentence: a hypothesis holds at most ``source length + offset`` generated tokens, its
+    ``</s>`` included, so after ``source length + offset - 1`` tokens only ``</s>`` may follow.
+    ``source_lengths`` has one entry per sentence (rows are sentences × beams); ``start_length`` is
+    the length of the decoder prompt (the start token, or the ``decoder_input_ids`` given)."""
+
+    def __init__(
+        self, source_lengths: torch.Tensor, start_length: int, eos_token_id: int, offset: int
+    ) -> None:
+        # (rows,) decoder length at which only </s> may follow: source length + offset tokens in all.
+        self.limits = source_lengths + offset - 1 + start_length
         self.eos_token_id = eos_token_id
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -928,10 +975,17 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         if config.final_logits_bias:  # deviation 6 (Marian): a fixed bias on the logits
             self.register_buffer("final_logits_bias", torch.zeros(1, config.target_vocab_size))
         self.post_init()
-        # §6.1: beam size 4, length penalty α = 0.6, stop when no better hypothesis can appear.
+        # §6.1: beam size 4; length penalty α = 0.6, applied as HF's log P / |Y|^α (the paper cites
+        # GNMT's ((5 + |Y|) / 6)^α; see hf_vanilla.translate); max output length = source length +
+        # `max_length_offset` per sentence (see generate); stop when no better hypothesis can appear,
+        # which is HF's "never" (True stops as soon as num_beams hypotheses have finished).
         self.generation_config.num_beams = 4
         self.generation_config.length_penalty = 0.6
-        self.generation_config.early_stopping = True
+        self.generation_config.early_stopping = "never"
+        self.generation_config.max_length_offset = MAX_LENGTH_OFFSET
+        # Ours, not derived from the model config: saved and loaded with its custom key (transformers
+        # drops keys it does not know from a config marked as derived from the model config).
+        self.generation_config._from_model_config = False
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.shared
@@ -950,6 +1004,70 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
     def get_decoder(self) -> VanillaTransformerDecoder:
         return self.model.decoder
+
+    def resize_token_embeddings(
+        self,
+        new_num_tokens: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        mean_resizing: bool = True,
+    ) -> nn.Embedding:
+        """``PreTrainedModel.resize_token_embeddings``, as ``MarianMTModel`` does it: with one shared
+        vocabulary (§3.4) the embedding, the output projection and ``final_logits_bias`` (kept
+        entries, new ones 0); with separate vocabularies (``share_encoder_decoder_embeddings=False``,
+        deviation 6) the source embedding only, see :meth:`resize_decoder_token_embeddings`."""
+        if not self.config.share_encoder_decoder_embeddings and self.config.decoder_vocab_size is None:
+            self.config.decoder_vocab_size = self.config.vocab_size  # the target vocabulary keeps its size
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if self.config.share_encoder_decoder_embeddings:
+            self._resize_final_logits_bias(embeddings.num_embeddings)
+        return embeddings
+
+    def _resize_token_embeddings(
+        self, new_num_tokens: int | None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """The source (or shared) embedding, resized in place, so a tied projection follows it; an
+        untied projection over the same, shared vocabulary is resized alongside."""
+        embeddings = self._get_resized_embeddings(
+            self.get_input_embeddings(), new_num_tokens, pad_to_multiple_of, mean_resizing
+        )
+        if self.config.share_encoder_decoder_embeddings and not self.config.tie_word_embeddings:
+            self.lm_head = self._get_resized_lm_head(
+                self.lm_head, embeddings.num_embeddings, mean_resizing=mean_resizing
+            )
+        return embeddings
+
+    def resize_decoder_token_embeddings(
+        self, new_num_tokens: int, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """Resize the target vocabulary of a model with separate vocabularies: the decoder embedding,
+        the output projection (tied to it, or resized alongside) and ``final_logits_bias``, and
+        ``config.decoder_vocab_size`` (``MarianMTModel.resize_decoder_token_embeddings``)."""
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError(
+                "This model has one vocabulary shared by source and target "
+                "(`share_encoder_decoder_embeddings=True`): resize it with `resize_token_embeddings`."
+            )
+        embeddings = self._get_resized_embeddings(
+            self.model.decoder.embed_tokens, new_num_tokens, pad_to_multiple_of, mean_resizing
+        )
+        if not self.config.tie_word_embeddings:
+            self.lm_head = self._get_resized_lm_head(
+                self.lm_head, embeddings.num_embeddings, mean_resizing=mean_resizing
+            )
+        self.config.decoder_vocab_size = embeddings.num_embeddings
+        self.tie_weights()
+        self._resize_final_logits_bias(embeddings.num_embeddings)
+        return embeddings
+
+    def _resize_final_logits_bias(self, new_num_tokens: int) -> None:
+        """Deviation 6 (Marian's bias): follow a resized target vocabulary, new entries 0."""
+        if not self.config.final_logits_bias:
+            return
+        old = self.final_logits_bias  # (1, V)
+        if new_num_tokens <= old.shape[-1]:
+            self.final_logits_bias = old[:, :new_num_tokens].clone()
+        else:
+            self.final_logits_bias = torch.cat([old, old.new_zeros(1, new_num_tokens - old.shape[-1])], dim=1)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Used by ``DataCollatorForSeq2Seq``: teacher-forcing inputs from padded labels."""
@@ -984,6 +1102,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         warning; the output carries the cache as ``cache`` (``past_key_values`` is its deprecated alias).
         """
         if labels is not None:
+            if _readable(labels):
+                _check_labels(labels, self.config.target_vocab_size)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -1085,27 +1205,61 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def generate(
         self,
         inputs: torch.Tensor | None = None,
-        generation_config: object | None = None,
+        generation_config: GenerationConfig | None = None,
         logits_processor: LogitsProcessorList | None = None,
         **kwargs: object,
     ) -> torch.Tensor:
-        """``GenerationMixin.generate`` with the §6.1 length bound as the default: when no
-        ``max_length``/``max_new_tokens`` is set anywhere, each sentence may produce at most its own
-        source length + 50 tokens (never HF's silent 20-token default)."""
-        config = generation_config if generation_config is not None else self.generation_config
-        bounded = any(
-            value is not None
-            for value in (
-                kwargs.get("max_length"),
-                kwargs.get("max_new_tokens"),
-                getattr(config, "max_length", None),
-                getattr(config, "max_new_tokens", None),
+        """``GenerationMixin.generate`` with the §6.1 bound on every call: each sentence produces at
+        most its own (unpadded) source length + ``max_length_offset`` tokens, ``</s>`` included.
+
+        ``max_length_offset`` is a generation-config key (50, the paper's, in this model's config;
+        50 too when a config has none) or a keyword argument of this call. A ``max_length`` or
+        ``max_new_tokens`` set by the user (in the call or in a generation config) caps the output
+        further for the whole batch; it never lifts the per-sentence bound. A generation config's
+        ``max_length`` equal to transformers' global default (20) counts as unset:
+        ``Seq2SeqTrainer(predict_with_generate=True)`` writes that default into
+        ``model.generation_config`` (and so into the saved ``generation_config.json``). To cap at
+        exactly 20 tokens, pass ``max_length=20`` to this call or set ``max_new_tokens``.
+
+        Continuing from a returned ``cache`` with the full ``decoder_input_ids`` (as ``generate()``
+        returned them): transformers slices off the cached part only when a decoder attention mask
+        as long as the ids says so, so one is given here (without it, every id would be fed again).
+        """
+        cache, decoder_input_ids = kwargs.get("cache"), kwargs.get("decoder_input_ids")
+        if (
+            isinstance(cache, Cache)
+            and decoder_input_ids is not None
+            and kwargs.get("decoder_attention_mask") is None
+            and decoder_input_ids.shape[1] > cache.get_seq_length()
+        ):
+            kwargs["decoder_attention_mask"] = torch.ones_like(decoder_input_ids)
+        source = inputs if inputs is not None else kwargs.get("input_ids")
+        if isinstance(source, torch.Tensor) and source.shape[0] == 0:
+            raise ValueError(
+                "generate() got an empty batch (input_ids of shape "
+                f"{tuple(source.shape)}): give at least one sentence."
             )
-        )
-        source_lengths = None if bounded else _source_lengths(inputs, kwargs)
+        configs = [config for config in (generation_config, self.generation_config) if config is not None]
+        offset = _first_set("max_length_offset", kwargs, configs)
+        kwargs.pop("max_length_offset", None)
+        offset = MAX_LENGTH_OFFSET if offset is None else offset
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(
+                f"`max_length_offset` must be a non-negative number of tokens (§6.1: 50), got {offset!r}."
+            )
+        source_lengths = _source_lengths(inputs, kwargs)
         if source_lengths is not None:
-            kwargs["max_new_tokens"] = int(source_lengths.max()) + MAX_LENGTH_OFFSET
-            bound = _SourceLengthBound(source_lengths, 1, self.config.eos_token_id)
+            decoder_input_ids = kwargs.get("decoder_input_ids")
+            start_length = decoder_input_ids.shape[-1] if isinstance(decoder_input_ids, torch.Tensor) else 1
+            if not _user_length_cap(kwargs, configs):
+                # The batch runs at most as long as its longest sentence's bound.
+                max_length = start_length + int(source_lengths.max()) + offset
+                if generation_config is not None:
+                    generation_config = copy.deepcopy(generation_config)
+                    generation_config.max_length = max_length
+                else:
+                    kwargs["max_length"] = max_length
+            bound = _SourceLengthBound(source_lengths, start_length, self.config.eos_token_id, offset)
             logits_processor = LogitsProcessorList([*(logits_processor or []), bound])
         return super().generate(
             inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs

@@ -7,8 +7,9 @@ backend switch, no display needed) and saved as PNG files:
   heatmap per layer × head plus the mean over heads, source tokens on the x axis, target tokens on
   the y axis (the style of the paper's Figures 3–5, which show self-attention).
 * :func:`plot_positional_encoding` — the sinusoidal encoding matrix of §3.5, positions × dimensions.
-* :func:`plot_training_curves` — training/validation loss, validation BLEU and the learning rate
-  (§5.3, Eq. 3) from the ``log_history`` of a Trainer's ``trainer_state.json``.
+* :func:`plot_training_curves` — training/validation loss (label-smoothed, and the unsmoothed
+  validation NLL), validation perplexity, validation BLEU and the learning rate (§5.3, Eq. 3) from
+  the ``log_history`` of a Trainer's ``trainer_state.json``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from hf_vanilla.checkpointing import atomic_file
 from hf_vanilla.modeling_vanilla_transformer import sinusoidal_position_encoding
 from hf_vanilla.translate import paper_generation_kwargs
 
@@ -41,13 +43,14 @@ __all__ = [
 
 
 def _save(fig: Figure, path: str | Path, dpi: int) -> Path:
-    """Render ``fig`` on an Agg canvas and write it as a PNG file (creating parent folders)."""
+    """Render ``fig`` on an Agg canvas and write it as a PNG file (creating parent folders; under a
+    temporary name, renamed into place when written)."""
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"Pictures are written as PNG: give a path ending in .png, got {str(path)!r}.")
-    path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=dpi, format="png")
+    with atomic_file(path, binary=True) as handle:
+        fig.savefig(handle, dpi=dpi, format="png")
     logger.info("Wrote %s", path)
     return path
 
@@ -303,7 +306,9 @@ def plot_training_curves(
     bleu_key: str = "eval_bleu",
     dpi: int = 100,
 ) -> Path:
-    """Plot training/validation loss, validation BLEU and the learning rate against the step.
+    """Plot against the step: the label-smoothed training and validation loss with the unsmoothed
+    validation NLL per target token (``eval_nll_loss``), the validation perplexity exp(NLL)
+    (``eval_ppl``), validation BLEU and the learning rate.
 
     Args:
         run: a Trainer output folder / ``trainer_state.json`` (see :func:`load_log_history`) or a
@@ -312,20 +317,23 @@ def plot_training_curves(
     """
     history = load_log_history(run) if isinstance(run, (str, Path)) else list(run)
     panels = {
-        "loss": [
-            ("training loss", *_series(history, "loss")),
-            ("validation loss", *_series(history, "eval_loss")),
+        "loss per target token": [
+            ("training loss (smoothed)", *_series(history, "loss")),
+            ("validation loss (smoothed)", *_series(history, "eval_loss")),
+            ("validation NLL", *_series(history, "eval_nll_loss")),
         ],
+        "validation perplexity": [("exp(NLL)", *_series(history, "eval_ppl"))],
         "validation BLEU": [("BLEU", *_series(history, bleu_key))],
         "learning rate (§5.3, Eq. 3)": [("learning rate", *_series(history, "learning_rate"))],
     }
     if not any(steps for series in panels.values() for _, steps, _ in series):
         raise ValueError(
-            f"The log history has no 'loss', 'eval_loss', {bleu_key!r} or 'learning_rate' entries with a 'step': "
-            "train with logging enabled (e.g. logging_steps) before plotting."
+            f"The log history has no 'loss', 'eval_loss', 'eval_nll_loss', 'eval_ppl', {bleu_key!r} or "
+            "'learning_rate' entries with a 'step': train with logging enabled (e.g. logging_steps) before "
+            "plotting."
         )
-    fig = Figure(figsize=(15, 4), layout="constrained")
-    for ax, (title, series) in zip(fig.subplots(1, 3), panels.items(), strict=True):
+    fig = Figure(figsize=(20, 4), layout="constrained")
+    for ax, (title, series) in zip(fig.subplots(1, len(panels)), panels.items(), strict=True):
         drawn = False
         for label, steps, values in series:
             if steps:

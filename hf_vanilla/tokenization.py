@@ -23,14 +23,18 @@ Choices, and why:
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import datasets
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PretrainedConfig, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from hf_vanilla.cli import OVERWRITE_HELP
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +56,7 @@ class TokenizerArguments:
     )
     min_frequency: int = field(default=2, metadata={"help": "Minimum count of a pair to be merged."})
     split: str = field(default="train", metadata={"help": "Which split to train the tokenizer on."})
+    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
 
 
 def _wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
@@ -141,28 +146,64 @@ def train_tokenizer_from_dataset(
     )
 
 
-def check_tokenizer_matches_config(tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig) -> None:
-    """Raise `ValueError` if the tokenizer's special-token ids or size disagree with the model config.
+def check_tokenizer_matches_config(
+    tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig, sources: str | None = None
+) -> None:
+    """Raise `ValueError` if the tokenizer's size or special-token ids disagree with the model config.
 
-    A mismatch trains silently and goes wrong later: a pad id that is not masked, generation that never
-    stops at `</s>`, or an index error in the embedding for ids >= `config.vocab_size`.
+    The sizes must be equal: a larger tokenizer produces ids with no embedding; a smaller one (another
+    tokenizer, say the demo's 400 tokens for an 8,000-token model) maps text to the wrong rows and the
+    model translates it into fluent nonsense without an error. With separate source and target
+    vocabularies (`config.decoder_vocab_size`) a tokenizer with `get_tgt_vocab` is checked on both
+    sides. The pad, bos and eos ids must agree, or padding is not masked and generation never stops
+    at `</s>`. `sources` names where the two came from, for the message (e.g. "runs/tok and runs/base").
     """
     problems = []
     for name in ("pad", "bos", "eos"):
         tok_id, cfg_id = getattr(tokenizer, f"{name}_token_id"), getattr(config, f"{name}_token_id", None)
         if tok_id != cfg_id:
-            problems.append(
-                f"{name}_token_id: tokenizer has {tok_id}, config has {cfg_id} "
-                f"(set {name}_token_id={tok_id} in the config)"
-            )
-    if len(tokenizer) > config.vocab_size:
-        problems.append(
-            f"vocab size: the tokenizer has {len(tokenizer)} tokens but config.vocab_size is {config.vocab_size}, "
-            f"so ids >= {config.vocab_size} have no embedding (set vocab_size={len(tokenizer)} in the config, "
-            "or train a smaller tokenizer)"
-        )
+            problems.append(f"{name}_token_id is {tok_id} in the tokenizer but {cfg_id} in the model")
+    sizes = [("vocabulary", len(tokenizer), config.vocab_size)]
+    if getattr(config, "decoder_vocab_size", None) is not None and hasattr(tokenizer, "get_tgt_vocab"):
+        sizes = [
+            ("source vocabulary", len(tokenizer.get_src_vocab()), config.vocab_size),
+            ("target vocabulary", len(tokenizer.get_tgt_vocab()), config.decoder_vocab_size),
+        ]
+    for side, tokens, rows in sizes:
+        if tokens != rows:
+            problems.append(f"the tokenizer's {side} has {tokens} tokens but the model's has {rows}")
     if problems:
-        raise ValueError("Tokenizer and model config disagree: " + "; ".join(problems) + ".")
+        where = f" ({sources})" if sources else ""
+        raise ValueError(
+            f"Tokenizer and model disagree{where}: {'; '.join(problems)}. This is not the tokenizer the model "
+            "was trained with: use that one (it is saved in the model folder, the default when no tokenizer "
+            "is given), or train the model with this tokenizer."
+        )
+
+
+def load_tokenizer(source: str | Path, **kwargs: Any) -> PreTrainedTokenizerBase:
+    """`AutoTokenizer.from_pretrained(source, **kwargs)`, with an error naming the folder or file and
+    the cause when it cannot be loaded (a damaged `tokenizer.json`, a folder without a tokenizer)."""
+    folder = Path(source)
+    if folder.is_dir() and (folder / "tokenizer.json").is_file():
+        path = folder / "tokenizer.json"
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(
+                f"{str(path)!r} is damaged: it is not valid JSON ({err}). Save the tokenizer again "
+                "(`tokenizer.save_pretrained`) or copy it from the folder it was trained into."
+            ) from err
+    try:
+        return AutoTokenizer.from_pretrained(str(source), **kwargs)
+    except (OSError, ValueError) as err:
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        what = "the folder" if folder.is_dir() else "a folder or Hub id"
+        raise ValueError(
+            f"Cannot load a tokenizer from {str(source)!r} ({detail}). Give {what} holding the tokenizer files "
+            "(tokenizer.json, tokenizer_config.json), e.g. the model folder or scripts/train_tokenizer.py's "
+            "--output_dir."
+        ) from err
 
 
 def tokenize_translations(

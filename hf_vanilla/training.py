@@ -11,12 +11,23 @@ Defaults are the paper's, all overridable on the command line (``scripts/train.p
   not in ``TrainingArguments.label_smoothing_factor``: HF's ``LabelSmoother`` averages per batch
   and so weighs micro-batches wrongly under gradient accumulation; the model divides the summed
   loss by the Trainer's ``num_items_in_batch`` instead.
-* §5.1 batching: batches of about 25,000 source and 25,000 target tokens (``--max_tokens``,
-  :mod:`hf_vanilla.batching`), optionally accumulated over several steps.
+* §5.3 no gradient clipping (tensor2tensor's ``clip_grad_norm = 0``): ``max_grad_norm = 0``
+  (HF's default is 1.0).
+* §5.1 batching: token-budget batches (``--max_tokens``, :mod:`hf_vanilla.batching`) of at most
+  6,250 padded source + target tokens per process and micro-step: the paper's ≈ 25,000 source +
+  25,000 target tokens per step were spread over 8 GPUs. One optimizer step sees
+  ``max_tokens × processes × gradient_accumulation_steps`` tokens, so on one device
+  ``--gradient_accumulation_steps 8`` gives the paper's step. ``--max_tokens 0`` goes back to
+  sentence-count batches (``--per_device_train_batch_size``).
 * §5.2 length: 100,000 steps for the base model (300,000 for big).
 * §6.1: BLEU on the validation set during training, decoded with the model's generation config
-  (beam 4, length penalty 0.6, max output length = source length + 50); averaging of the last
-  checkpoints at the end (``--average_last_n_checkpoints``; the paper: 5 for base, 20 for big).
+  (beam 4; length penalty α = 0.6 applied as HF's log P / |Y|^α, not the GNMT formula
+  ((5 + |Y|) / 6)^α the paper cites, which ``scripts/evaluate_bleu.py --length_penalty_type gnmt``
+  applies; max output length = source length + 50; stop when no better hypothesis can appear);
+  averaging of the last checkpoints at the end (``--average_last_n_checkpoints``; the paper: 5 for
+  base, 20 for big).
+* Evaluation logs ``eval_loss`` (label-smoothed, what is trained) and beside it ``eval_nll_loss``,
+  the unsmoothed negative log-likelihood per target token, and ``eval_ppl`` = exp(eval_nll_loss).
 """
 
 from __future__ import annotations
@@ -38,25 +49,29 @@ import torch
 import transformers
 from accelerate.utils import broadcast_object_list
 from transformers import (
+    AutoConfig,
     AutoModelForSeq2SeqLM,
-    AutoTokenizer,
     DataCollatorForSeq2Seq,
     EvalPrediction,
+    PreTrainedModel,
     PreTrainedTokenizerBase,
     Seq2SeqTrainingArguments,
 )
 from transformers.integrations import is_tensorboard_available
 from transformers.optimization import _get_inverse_sqrt_schedule_lr_lambda
 from transformers.trainer import TRAINING_ARGS_NAME
+from transformers.trainer_utils import EvalLoopOutput
 
 from hf_vanilla.averaging import average_last_checkpoints, checkpoint_step
 from hf_vanilla.batching import TokenBudgetSeq2SeqTrainer
 from hf_vanilla.checkpointing import (
     ResilientTrainerMixin,
     SaveOnSignalCallback,
+    find_complete_checkpoints,
     last_complete_checkpoint,
-    load_pretrained_checked,
+    refuse_to_replace,
     verify_checkpoint,
+    verify_model_folder,
 )
 from hf_vanilla.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from hf_vanilla.data import DataArguments, load_from_args
@@ -65,6 +80,7 @@ from hf_vanilla.hub import finish_model_folder, limit_tokenizer_length, register
 from hf_vanilla.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla.tokenization import (
     check_tokenizer_matches_config,
+    load_tokenizer,
     tokenize_translations,
     train_tokenizer_from_dataset,
 )
@@ -79,11 +95,14 @@ __all__ = [
     "PaperLRLambda",
     "PaperSeq2SeqTrainer",
     "PaperTrainingArguments",
+    "TargetNLL",
     "build_compute_metrics",
     "build_model",
+    "check_averaging_is_possible",
     "create_paper_lr_scheduler",
     "paper_learning_rate",
     "paper_peak_learning_rate",
+    "planned_checkpoints",
     "resolve_resume_checkpoint",
     "run_training",
     "setup_logging",
@@ -146,13 +165,19 @@ def create_paper_lr_scheduler(
 class ModelArguments:
     """The model and its tokenizer. Sizes default to a Table 3 preset; explicit values override it."""
 
-    preset: str = field(
-        default="base",
-        metadata={"help": f"Table 3 model size: one of {sorted(PRESETS)}. Explicit sizes below override it."},
+    preset: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Table 3 model size: one of {sorted(PRESETS)} (default: base). Explicit sizes below "
+            "override it."
+        },
     )
     model_name_or_path: str | None = field(
         default=None,
-        metadata={"help": "Start from a saved model folder instead of a fresh one (its sizes are used)."},
+        metadata={
+            "help": "Fine-tune a saved model folder instead of a fresh one. Its sizes are used: size flags that "
+            "differ are refused; --dropout is applied."
+        },
     )
     d_model: int | None = field(default=None, metadata={"help": "d_model (base 512, big 1024)."})
     layers: int | None = field(default=None, metadata={"help": "N, for encoder and decoder (paper: 6)."})
@@ -186,8 +211,23 @@ class ModelArguments:
     )
 
     def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
+        if self.preset is not None and self.preset not in PRESETS:
             raise ValueError(f"Unknown --preset {self.preset!r}: choose one of {sorted(PRESETS)}.")
+
+    def requested_sizes(self) -> dict[str, tuple[str, Any]]:
+        """Config field -> (flag, value) for the sizes asked for explicitly (``--preset`` and the size
+        flags; an explicit size wins over the preset's), ``--init_std`` included: what a saved model
+        must already have, since loading cannot change it."""
+        requested: dict[str, tuple[str, Any]] = {}
+        if self.preset is not None:
+            for name, value in PRESETS[self.preset].items():
+                if name != "dropout":
+                    requested[name] = (f"--preset {self.preset}", value)
+        for name, value in self.config_overrides().items():
+            if name not in ("dropout", "label_smoothing"):
+                flag = _SIZE_FLAGS.get(name, name)
+                requested[name] = (f"--{flag} {value}", value)
+        return requested
 
     def config_overrides(self) -> dict[str, Any]:
         """Config fields set explicitly by these arguments."""
@@ -207,7 +247,18 @@ class ModelArguments:
         return overrides
 
 
+_SIZE_FLAGS = {
+    "encoder_layers": "layers",
+    "decoder_layers": "layers",
+    "encoder_attention_heads": "attention_heads",
+    "decoder_attention_heads": "attention_heads",
+    "encoder_ffn_dim": "ffn_dim",
+    "decoder_ffn_dim": "ffn_dim",
+}
 _REPORT_TO = "tensorboard" if is_tensorboard_available() else "none"
+
+#: §5.1: "approximately 25000 source tokens and 25000 target tokens" per step, on 8 GPUs.
+PAPER_MAX_TOKENS_PER_PROCESS = (25_000 + 25_000) // 8
 
 
 @dataclass
@@ -266,12 +317,26 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             "it (§6.1: 5 for base, 20 for big; 0 = off)."
         },
     )
-    max_tokens: int | None = field(
-        default=None,
+    max_grad_norm: float = field(
+        default=0.0,
         metadata={
-            "help": "Token budget per batch and process: batch size × (longest source + longest target), "
-            "padding included; replaces per_device_train_batch_size. The paper's ~25000 source + 25000 "
-            "target tokens per step over 8 GPUs (§5.1) is about 6250 per process."
+            "help": "Gradient clipping norm; 0 = none, as the paper (tensor2tensor: clip_grad_norm = 0)."
+        },
+    )
+    max_tokens: int | None = field(
+        default=PAPER_MAX_TOKENS_PER_PROCESS,
+        metadata={
+            "help": "Token budget per batch, process and micro-step: batch size × (longest source + longest "
+            "target), padding included; replaces per_device_train_batch_size. The default is the paper's "
+            "~25000 source + 25000 target tokens per step over its 8 GPUs (§5.1); one step sees max_tokens × "
+            "processes × gradient_accumulation_steps. 0 = batches of per_device_train_batch_size sentences."
+        },
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata={
+            "help": "Start a run in an --output_dir that is not empty (its files of the same name are replaced). "
+            "Without it such a folder is refused; a folder with checkpoints of another run always is."
         },
     )
 
@@ -296,11 +361,56 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
                 f"--average_last_n_checkpoints {self.average_last_n_checkpoints} needs at least that many "
                 f"checkpoints kept, but --save_total_limit is {self.save_total_limit}. Raise --save_total_limit."
             )
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"--max_tokens must be a positive number of tokens, got {self.max_tokens}.")
+        if self.learning_rate is not None and self.learning_rate < 0:
+            raise ValueError(f"--learning_rate must be >= 0, got {self.learning_rate}.")
+        if self.max_tokens is not None and self.max_tokens < 0:
+            raise ValueError(
+                f"--max_tokens must be a number of tokens, or 0 for sentence-count batches; got {self.max_tokens}."
+            )
+        if self.max_tokens == 0:
+            self.max_tokens = None  # sentence-count batches (per_device_train_batch_size)
         if self.device.type == "cpu":
             # Pinned memory only speeds up copies to an accelerator; on the CPU the DataLoader warns about it.
             self.dataloader_pin_memory = False
+
+
+# --------------------------------------------------------------------------------------------------
+# Evaluation: the unsmoothed NLL beside the label-smoothed loss
+# --------------------------------------------------------------------------------------------------
+class TargetNLL:
+    """A forward hook (``register_forward_hook(..., with_kwargs=True)``) that reads, from a forward
+    pass given ``labels``, the unsmoothed negative log-likelihood of the labels and their count, per
+    sentence (-100 = ignored); :meth:`gather` collects them over processes after each batch."""
+
+    def __init__(self) -> None:
+        self.batch: tuple[torch.Tensor, torch.Tensor] | None = None  # (B,) NLL sums, (B,) token counts
+        self.nll = 0.0
+        self.tokens = 0
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        labels, logits = kwargs.get("labels"), getattr(output, "logits", None)
+        if labels is None or logits is None:  # e.g. generate()'s decoding steps
+            return
+        labels = labels.to(logits.device)
+        with torch.no_grad():
+            nll = torch.nn.functional.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none"
+            )  # (B·T,), 0 where ignored
+            self.batch = (nll.view(labels.shape).sum(dim=-1), (labels != -100).sum(dim=-1))
+
+    def gather(self, accelerator: Any) -> None:
+        """Add this batch's sums from every process (``gather_for_metrics``: the repeated sentences
+        that even out the last batch are dropped)."""
+        if self.batch is None:
+            return
+        nll, tokens = accelerator.gather_for_metrics(self.batch)
+        self.nll += float(nll.double().sum())
+        self.tokens += int(tokens.sum())
+        self.batch = None
+
+    def per_token(self) -> float | None:
+        """The NLL per target token so far; ``None`` before any labelled batch."""
+        return self.nll / self.tokens if self.tokens else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -314,14 +424,20 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
     * ``lr_scheduler_type="inverse_sqrt"`` uses :class:`PaperLRLambda` (HF's schedule, one step
       later), so that update k gets Eq. (3) at step k.
     * Evaluation with ``predict_with_generate``: ``Seq2SeqTrainer.prediction_step`` fills the
-      model's generation config with HF's global defaults (``max_length=20``, ...) after the
-      first batch, which would cut every later translation at 20 tokens and replace the §6.1 bound
-      of source length + 50 (and be saved with the model). The generation config is restored
-      after every step.
+      model's generation config with HF's global defaults (``max_length=20``, ``top_k=50``, ...)
+      after the first batch, which would then be saved with the model. The model's ``generate()``
+      keeps the §6.1 bound despite them (see its docstring); the generation config is restored
+      after every step anyway, so that the saved one holds only the model's own settings.
+    * Evaluation reports ``<prefix>_nll_loss``, the unsmoothed negative log-likelihood per target
+      token over the whole evaluation set, and ``<prefix>_ppl`` = exp of it, beside the
+      label-smoothed ``<prefix>_loss``. They are read from the logits of the forward pass that
+      computes the loss (no second pass), and gathered over processes without the sentences
+      Accelerate repeats to even out the last batch.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._target_nll: TargetNLL | None = None  # during evaluation only
         if self.args.learning_rate is None:
             d_model = self.model.config.d_model
             warmup = self._warmup_steps_for_peak()
@@ -331,6 +447,11 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
                 d_model,
                 warmup,
                 self.args.learning_rate,
+            )
+        if self.args.learning_rate == 0 and self.args.do_train:
+            logger.warning(
+                "--learning_rate is 0: training will not change the weights (the schedule multiplies the peak "
+                "rate). Leave it out for the peak of Eq. (3), or give the rate you meant."
             )
 
     def _warmup_steps_for_peak(self) -> int:
@@ -373,11 +494,39 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         saved = copy.deepcopy(self.model.generation_config)
         try:
-            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
+            step = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
         finally:
             self.model.generation_config = saved
+        if self._target_nll is not None:
+            self._target_nll.gather(self.accelerator)
+        return step
 
-    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+    def evaluation_loop(
+        self,
+        dataloader: torch.utils.data.DataLoader,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """:meth:`_evaluation_loop_once`, plus ``<prefix>_nll_loss`` and ``<prefix>_ppl`` (see the class
+        docstring) when the evaluation set has labels."""
+        self._target_nll = TargetNLL()
+        handle = self.model.register_forward_hook(self._target_nll, with_kwargs=True)
+        try:
+            output = self._evaluation_loop_once(
+                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+            )
+            nll = self._target_nll.per_token()
+        finally:
+            handle.remove()
+            self._target_nll = None
+        if nll is not None:
+            output.metrics[f"{metric_key_prefix}_nll_loss"] = nll
+            output.metrics[f"{metric_key_prefix}_ppl"] = math.exp(min(nll, 700.0))  # no float overflow
+        return output
+
+    def _evaluation_loop_once(self, *args: Any, **kwargs: Any) -> EvalLoopOutput:
         """Score every evaluation sentence exactly once under data parallelism.
 
         ``Seq2SeqTrainer.evaluate``/``predict`` (transformers 5.24) gather with ``accelerator.gather``,
@@ -482,20 +631,27 @@ def setup_logging(training_args: Seq2SeqTrainingArguments) -> None:
     datasets.utils.logging.set_verbosity(logging.WARNING)
 
 
-def resolve_resume_checkpoint(resume_from_checkpoint: str | None, output_dir: str | Path) -> str | None:
+def resolve_resume_checkpoint(
+    resume_from_checkpoint: str | None, output_dir: str | Path, overwrite: bool = False
+) -> str | None:
     """The checkpoint to resume from, checked before any work is done.
 
-    ``None`` starts afresh, but only into an ``output_dir`` without checkpoints (nothing is
-    overwritten); ``"last"`` (or ``"true"``) picks the newest ``checkpoint-<step>`` in ``output_dir``;
-    anything else must be a checkpoint folder written by the Trainer.
+    ``None`` starts afresh, but only into an ``output_dir`` that is absent or empty, or, with
+    ``overwrite``, holds no checkpoints (a new run would mix its checkpoints with the old run's, and
+    resuming or averaging would pick from both); ``"last"`` (or ``"true"``) picks the newest whole
+    ``checkpoint-<step>`` in ``output_dir``; anything else must be a checkpoint folder written by the
+    Trainer.
     """
     output_dir = Path(output_dir)
     if resume_from_checkpoint is None or str(resume_from_checkpoint).lower() in ("false", ""):
         if output_dir.is_dir() and any(checkpoint_step(p) is not None for p in output_dir.iterdir()):
             raise FileExistsError(
                 f"{str(output_dir)!r} already holds checkpoints. Continue that run with "
-                "--resume_from_checkpoint last, or choose a new --output_dir (nothing was overwritten)."
+                "--resume_from_checkpoint last, or choose a new --output_dir (nothing was overwritten; "
+                "--overwrite does not apply to another run's checkpoints: delete them yourself to start afresh)."
             )
+        if not overwrite:
+            refuse_to_replace(output_dir, overwrite, "--output_dir")
         return None
     if str(resume_from_checkpoint).lower() in ("last", "true"):
         last = last_complete_checkpoint(output_dir) if output_dir.is_dir() else None  # whole ones only
@@ -520,6 +676,45 @@ def resolve_resume_checkpoint(resume_from_checkpoint: str | None, output_dir: st
     return str(path)
 
 
+def planned_checkpoints(
+    training_args: PaperTrainingArguments, resume_checkpoint: str | None = None
+) -> int | None:
+    """How many checkpoints the run will have when it ends: those it keeps from before the resumed step
+    plus those it saves (``save_strategy="steps"``: every ``save_steps`` and at ``max_steps``).
+    ``None`` when that is not known before training (epochs, ``"best"``, no ``max_steps``)."""
+    strategy = str(getattr(training_args.save_strategy, "value", training_args.save_strategy))
+    if strategy == "no":
+        return 0
+    if strategy != "steps" or training_args.max_steps <= 0 or not training_args.save_steps:
+        return None
+    max_steps, every = training_args.max_steps, training_args.save_steps
+    every = math.ceil(max_steps * every) if every < 1 else int(every)
+    start, kept = 0, 0
+    if resume_checkpoint is not None:
+        start = checkpoint_step(resume_checkpoint) or 0
+        run_dir = Path(training_args.output_dir)
+        kept = sum(1 for p in find_complete_checkpoints(run_dir) if (checkpoint_step(p) or 0) <= start)
+    saved = max_steps // every - start // every + (1 if max_steps % every and max_steps > start else 0)
+    return kept + max(saved, 0)
+
+
+def check_averaging_is_possible(
+    training_args: PaperTrainingArguments, resume_checkpoint: str | None = None
+) -> None:
+    """Refuse ``--average_last_n_checkpoints N`` before training when the run cannot have N checkpoints."""
+    wanted = training_args.average_last_n_checkpoints
+    if not wanted or not training_args.do_train:
+        return
+    planned = planned_checkpoints(training_args, resume_checkpoint)
+    if planned is not None and planned < wanted:
+        raise ValueError(
+            f"--average_last_n_checkpoints {wanted} cannot be met: with --max_steps {training_args.max_steps}, "
+            f"--save_strategy {getattr(training_args.save_strategy, 'value', training_args.save_strategy)} and "
+            f"--save_steps {training_args.save_steps} the run will have {planned} checkpoint(s). Save more often "
+            "(lower --save_steps), train longer, or average fewer."
+        )
+
+
 def load_or_train_tokenizer(
     model_args: ModelArguments,
     data: datasets.DatasetDict,
@@ -533,7 +728,7 @@ def load_or_train_tokenizer(
     source = model_args.tokenizer_name_or_path or resume_checkpoint or model_args.model_name_or_path
     if source is not None:
         logger.info("Loading the tokenizer from %s", source)
-        return AutoTokenizer.from_pretrained(source)
+        return load_tokenizer(source)
     # Under data parallelism the main process trains it once and sends its files to every rank (no
     # shared file system needed); every rank, the main one included, loads the same files. A failure
     # on the main process is sent too, so that no rank waits for files that never come.
@@ -565,23 +760,58 @@ def load_or_train_tokenizer(
     with tempfile.TemporaryDirectory() as folder:
         for name, content in files.items():
             (Path(folder) / name).write_bytes(content)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = load_tokenizer(folder)
     logger.info("Loaded the tokenizer the main process trained (%d tokens)", len(tokenizer))
     return tokenizer
+
+
+def _saved_model(model_args: ModelArguments, saved: str, resumed: bool) -> PreTrainedModel:
+    """Load ``saved`` after checking the flags against its config: sizes (and ``--init_std``) that differ
+    are refused, since loading cannot change them; ``--dropout`` is applied when fine-tuning and refused
+    when resuming (a resumed run continues the one it was)."""
+    verify_model_folder(saved)  # a damaged or unsafe file: an error naming it
+    config = AutoConfig.from_pretrained(saved)
+    what = f"the resumed checkpoint {saved}" if resumed else f"the model {saved}"
+    differs: dict[str, list[str]] = {}
+    for name, (flag, value) in model_args.requested_sizes().items():
+        if getattr(config, name, None) != value:
+            differs.setdefault(flag, []).append(f"{name} {getattr(config, name, None)}")
+    dropout = model_args.dropout
+    if dropout is not None and dropout != config.dropout and resumed:
+        differs.setdefault(f"--dropout {dropout}", []).append(f"dropout {config.dropout}")
+    if differs:
+        found = "; ".join(f"{flag} (it has {', '.join(have)})" for flag, have in differs.items())
+        hint = (
+            "A resumed run continues with the settings it was started with: drop these flags, or fine-tune "
+            "from the checkpoint with --model_name_or_path (where --dropout applies) into a new --output_dir."
+            if resumed
+            else "A loaded model keeps its sizes: drop these flags, or train a new model without "
+            "--model_name_or_path."
+        )
+        raise ValueError(f"Flags that disagree with {what}: {found}. {hint}")
+    kwargs: dict[str, Any] = {}
+    if dropout is not None and dropout != config.dropout:
+        logger.warning(
+            "Fine-tuning %s with --dropout %g instead of its dropout %g.", saved, dropout, config.dropout
+        )
+        kwargs["dropout"] = dropout
+    return AutoModelForSeq2SeqLM.from_pretrained(saved, **kwargs)
 
 
 def build_model(
     model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, resume_checkpoint: str | None = None
 ) -> VanillaTransformerForConditionalGeneration:
     """A fresh model of the chosen size (vocabulary and special tokens from the tokenizer), or a saved
-    one; ``config.label_smoothing`` is set to ``--label_smoothing`` either way."""
+    one (see :func:`_saved_model` for the flags); ``config.label_smoothing`` is set to
+    ``--label_smoothing`` either way. The tokenizer must match the model's vocabulary and special
+    tokens exactly (:func:`hf_vanilla.tokenization.check_tokenizer_matches_config`)."""
     saved = resume_checkpoint or model_args.model_name_or_path
     if saved is not None:
-        model = load_pretrained_checked(saved)  # a damaged file: an error naming it
+        model = _saved_model(model_args, saved, resumed=resume_checkpoint is not None)
         model.config.label_smoothing = model_args.label_smoothing
     else:
         config = VanillaTransformerConfig.from_preset(
-            model_args.preset,
+            model_args.preset or "base",
             vocab_size=len(tokenizer),
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
@@ -589,7 +819,8 @@ def build_model(
             **model_args.config_overrides(),
         )
         model = VanillaTransformerForConditionalGeneration(config)
-    check_tokenizer_matches_config(tokenizer, model.config)
+    sources = f"tokenizer {model_args.tokenizer_name_or_path}, model {saved}" if saved else None
+    check_tokenizer_matches_config(tokenizer, model.config, sources)
     return model
 
 
@@ -615,7 +846,7 @@ def _describe(model: torch.nn.Module, training_args: PaperTrainingArguments, tra
     )
     logger.info(
         "Training on %d pairs: batches of %s per device × %d accumulation steps × %d processes, %d steps; "
-        "Adam(β=(%g, %g), ε=%g), schedule %s with %s warmup steps",
+        "Adam(β=(%g, %g), ε=%g), schedule %s with %s warmup steps, %s",
         train_size,
         batch,
         training_args.gradient_accumulation_steps,
@@ -626,6 +857,9 @@ def _describe(model: torch.nn.Module, training_args: PaperTrainingArguments, tra
         training_args.adam_epsilon,
         training_args.lr_scheduler_type,
         training_args.warmup_steps,
+        f"gradients clipped at norm {training_args.max_grad_norm:g}"
+        if training_args.max_grad_norm
+        else "no gradient clipping",
     )
 
 
@@ -650,9 +884,12 @@ def run_training(
 
     Returns all metrics (``train_*``, ``eval_*``, ``test_*``, ``averaged_eval_*``, ...).
     """
-    resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    resume = resolve_resume_checkpoint(
+        training_args.resume_from_checkpoint, training_args.output_dir, training_args.overwrite
+    )
     if resume is not None:
         logger.info("Resuming from %s", resume)
+    check_averaging_is_possible(training_args, resume)
     transformers.set_seed(training_args.seed)
 
     data = load_from_args(data_args)
@@ -689,7 +926,7 @@ def run_training(
         compute_metrics=build_compute_metrics(tokenizer) if training_args.predict_with_generate else None,
     )
     if training_args.do_train:
-        trainer.add_callback(SaveOnSignalCallback())  # preemption: save the current step, exit 143
+        trainer.add_callback(SaveOnSignalCallback())  # SIGTERM/Ctrl-C: save the current step, exit 143/130
     results: dict[str, float] = {}
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume)
@@ -706,8 +943,11 @@ def run_training(
     if training_args.average_last_n_checkpoints and training_args.do_train:
         averaged_dir = Path(training_args.output_dir) / "averaged"
         if trainer.is_world_process_zero():
-            average_last_checkpoints(
-                training_args.output_dir, training_args.average_last_n_checkpoints, averaged_dir
+            average_last_checkpoints(  # this run's own folder: replaced when a resumed run ends again
+                training_args.output_dir,
+                training_args.average_last_n_checkpoints,
+                averaged_dir,
+                overwrite=True,
             )
         trainer.accelerator.wait_for_everyone()
         averaged = AutoModelForSeq2SeqLM.from_pretrained(averaged_dir)

@@ -4,10 +4,15 @@
 output length during inference to input length + 50, but terminate early when possible."
 
 * **Beam size 4**: ``num_beams=4``.
-* **Maximum output length = input length + 50**, per sentence: this is the default of
-  ``VanillaTransformerForConditionalGeneration.generate()`` when no ``max_length``/``max_new_tokens``
-  is given, so none is passed here. "Input length" counts the unpadded source tokens (subwords, with
-  any special token the tokenizer appends); the bound counts generated tokens including ``</s>``.
+* **Maximum output length = input length + 50**, per sentence: the model's ``generate()`` applies
+  it on every call (the 50 is the generation config's ``max_length_offset``), so nothing is passed
+  here; a ``max_new_tokens``/``max_length`` in ``generate_kwargs`` caps it further. "Input length"
+  counts the unpadded source tokens (subwords, with any special token the tokenizer appends); the
+  bound counts generated tokens including ``</s>``.
+* **"Terminate early when possible"**: beam search stops when no running hypothesis can still beat
+  the finished ones: transformers' ``early_stopping="never"``, the default of ``early_stopping``
+  here. ``"true"`` stops as soon as ``num_beams`` hypotheses have finished, ``"false"`` uses HF's
+  heuristic (``benchmarks/early_stopping.py`` compares them).
 * **Length penalty α = 0.6**. The paper's α refers to the GNMT penalty (Wu et al., 2016, Eq. 14)
   lp(Y) = ((5 + |Y|) / 6)^α, score(Y) = log P(Y | X) / lp(Y). Hugging Face beam search has one fixed
   formula, score(Y) = log P(Y | X) / |Y|^α, applied inside the search when a hypothesis finishes. Two
@@ -25,26 +30,34 @@ output length during inference to input length + 50, but terminate early when po
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, BinaryIO, Literal, TextIO
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoModelForSeq2SeqLM
+
+from hf_vanilla.checkpointing import atomic_file, load_pretrained_checked, refuse_to_replace
+from hf_vanilla.tokenization import check_tokenizer_matches_config, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
 LENGTH_PENALTY_TYPES = ("hf", "gnmt")
+#: ``--early_stopping`` values and what ``generate()`` receives for each.
+EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
 
 __all__ = [
+    "EARLY_STOPPING",
     "LENGTH_PENALTY_TYPES",
     "DecodingOptions",
     "ModelArguments",
     "generate_ids",
     "gnmt_length_penalty",
+    "load_model",
     "load_model_and_tokenizer",
     "nbest_log_probs",
     "paper_generation_kwargs",
@@ -67,8 +80,19 @@ class DecodingOptions:
             "(Wu et al., 2016), applied by rescoring the final num_beams-best list."
         },
     )
+    early_stopping: Literal["never", "true", "false"] = field(
+        default="never",
+        metadata={
+            "help": "When beam search stops. 'never': when no running hypothesis can beat the finished ones "
+            "(§6.1's rule); 'true': as soon as num_beams hypotheses have finished; 'false': HF's heuristic."
+        },
+    )
 
     def __post_init__(self) -> None:
+        if self.early_stopping not in EARLY_STOPPING:
+            raise ValueError(
+                f"`early_stopping` must be one of {sorted(EARLY_STOPPING)}, got {self.early_stopping!r}."
+            )
         if self.length_penalty_type not in LENGTH_PENALTY_TYPES:
             raise ValueError(
                 f"`length_penalty_type` must be one of {LENGTH_PENALTY_TYPES}, got {self.length_penalty_type!r}: "
@@ -88,7 +112,10 @@ class DecodingOptions:
             )
         else:
             penalty = f"HF length penalty |Y|^{self.length_penalty} inside beam search"
-        return f"beam {self.num_beams}, {penalty}, max output length = input length + 50"
+        return (
+            f"beam {self.num_beams}, {penalty}, max output length = input length + 50, "
+            f"early_stopping={self.early_stopping}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "description": self.describe()}
@@ -100,10 +127,14 @@ def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Ten
 
 
 def paper_generation_kwargs(options: DecodingOptions | None = None) -> dict[str, Any]:
-    """``generate()`` keyword arguments for §6.1 decoding (beam size and α; the length bound is the
-    model's default)."""
+    """``generate()`` keyword arguments for §6.1 decoding (beam size, α and the stopping rule; the
+    length bound is the model's own)."""
     options = options or DecodingOptions()
-    return {"num_beams": options.num_beams, "length_penalty": options.length_penalty}
+    return {
+        "num_beams": options.num_beams,
+        "length_penalty": options.length_penalty,
+        "early_stopping": EARLY_STOPPING[options.early_stopping],
+    }
 
 
 def _eos_id(model: Any) -> int:
@@ -201,14 +232,39 @@ class ModelArguments:
     )
 
 
+def load_model(name: str | Path, **kwargs: Any) -> Any:
+    """``AutoModelForSeq2SeqLM.from_pretrained(name, **kwargs)`` with errors that name the cause: a local
+    folder is checked first (:func:`hf_vanilla.checkpointing.verify_model_folder`: a truncated or damaged
+    weights file, a missing config); a name that is neither a folder nor a loadable Hub model says so."""
+    path = Path(name)
+    if path.is_dir():
+        return load_pretrained_checked(path, **kwargs)
+    if path.exists():
+        raise ValueError(
+            f"--model_name_or_path {str(name)!r} is a file: give the model folder (config.json and model.safetensors)."
+        )
+    try:
+        return AutoModelForSeq2SeqLM.from_pretrained(str(name), **kwargs)
+    except (OSError, ValueError) as err:
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FileNotFoundError(
+            f"--model_name_or_path {str(name)!r}: no such folder, and no model of that name could be loaded from "
+            f"the Hugging Face Hub ({detail}). Check the path: a training run's --output_dir, one of its "
+            "checkpoint-<step> folders, or an averaged model folder."
+        ) from err
+
+
 def load_model_and_tokenizer(args: ModelArguments, attn_implementation: str | None = None) -> tuple[Any, Any]:
-    """Load the seq2seq model and tokenizer (importing hf_vanilla has registered its Auto classes)."""
+    """Load the seq2seq model and tokenizer (importing hf_vanilla has registered its Auto classes) and
+    check that they belong together (:func:`hf_vanilla.tokenization.check_tokenizer_matches_config`)."""
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(
-        args.tokenizer_name_or_path or args.model_name_or_path, trust_remote_code=args.trust_remote_code
+    model = load_model(args.model_name_or_path, **kwargs)
+    tokenizer_source = args.tokenizer_name_or_path or args.model_name_or_path
+    tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
+    check_tokenizer_matches_config(
+        tokenizer, model.config, f"tokenizer {tokenizer_source}, model {args.model_name_or_path}"
     )
     model.to(resolve_device(args.device)).eval()
     return model, tokenizer
@@ -238,8 +294,10 @@ def translate(
     Sentences are sorted by token length so each batch holds similar lengths (less padding), then the
     original order is restored. Empty or blank lines are not sent to the model and give empty lines.
     The model is moved to ``device`` (default: CUDA if available) and put in eval mode.
-    ``generate_kwargs`` go to ``model.generate`` (e.g. ``max_new_tokens``, which replaces the
-    per-sentence input length + 50 bound).
+    ``generate_kwargs`` go to ``model.generate`` (e.g. ``max_new_tokens``, which caps the output
+    further than the per-sentence input length + 50 bound, or ``max_length_offset``, which changes
+    the 50). A tokenizer that does not belong to the model (another size or special-token ids) raises
+    ``ValueError`` before anything is translated.
     """
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be a positive integer, got {batch_size}.")
@@ -247,6 +305,7 @@ def translate(
         raise ValueError(
             "The tokenizer has no pad token: set tokenizer.pad_token (e.g. '<pad>') before translating."
         )
+    check_tokenizer_matches_config(tokenizer, model.config)
     options = options or DecodingOptions()
     device = resolve_device(device)
     model.to(device)
@@ -256,6 +315,8 @@ def translate(
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
     if len(todo) < len(sentences):
         logger.info("%d blank input line(s) give blank output lines", len(sentences) - len(todo))
+    if not todo:
+        return results
     lengths = {
         i: len(ids) for i, ids in zip(todo, tokenizer([sentences[i] for i in todo])["input_ids"], strict=True)
     }
@@ -273,8 +334,26 @@ def translate(
     return results
 
 
-def _lines(stream: TextIO) -> Iterator[str]:
-    for line in stream:
+def _decoded_lines(stream: BinaryIO | TextIO, name: str) -> Iterator[str]:
+    """The lines of ``stream`` without their line ends; a line that is not UTF-8 text raises
+    ``ValueError`` naming ``name`` and the line number."""
+    for number, raw in enumerate(stream, start=1):
+        if isinstance(raw, bytes):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{name}, line {number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1} "
+                    "of the line). Give plain UTF-8 text, one sentence per line (convert other encodings with "
+                    "e.g. `iconv -f latin1 -t utf-8`)."
+                ) from None
+        else:
+            line = raw
+        if "\x00" in line:
+            raise ValueError(
+                f"{name}, line {number}: a NUL byte, so this is binary data, not text. Give plain UTF-8 text, "
+                "one sentence per line."
+            )
         yield line.rstrip("\n").rstrip("\r")
 
 
@@ -288,26 +367,39 @@ def translate_stream(
     device: str | torch.device | None = None,
     chunk_lines: int = 10_000,
     generate_kwargs: dict[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> int:
     """Translate a file (or stdin when ``source`` is None or ``"-"``) line by line to a file (or stdout).
 
-    Input is read in chunks of ``chunk_lines`` lines, so long files do not need to fit in memory and
-    output appears as each chunk finishes. Returns the number of lines translated.
+    Input is read in chunks of ``chunk_lines`` lines, so long files do not need to fit in memory.
+    Blank lines anywhere give blank output lines. Input must be UTF-8 text: a file is checked whole
+    before anything is translated, and a bad line raises ``ValueError`` naming the file and line.
+    An output file that exists is refused (``FileExistsError``) unless ``overwrite``; the output is
+    written under a temporary name beside it and renamed into place when every line is translated,
+    so it is complete or absent (an old one stays as it was) — never partial. On stdout, output
+    appears as each chunk finishes. Returns the number of lines translated.
     """
-    in_stream: TextIO = sys.stdin if source in (None, "-") else open(source, encoding="utf-8")  # noqa: SIM115
-    out_stream: TextIO = sys.stdout if output in (None, "-") else open(output, "w", encoding="utf-8")  # noqa: SIM115
+    from_stdin, to_stdout = source in (None, "-"), output in (None, "-")
+    if not to_stdout:
+        refuse_to_replace(output, overwrite, "--output_file")
+    name = "<stdin>" if from_stdin else str(source)
+    if not from_stdin:
+        if not Path(source).is_file():
+            raise FileNotFoundError(f"--input_file {name!r} does not exist (or is not a file).")
+        with open(source, "rb") as handle:
+            for _ in _decoded_lines(handle, name):  # fail before hours of translation, not after
+                pass
     count = 0
-    try:
-        for chunk in _chunks(_lines(in_stream), chunk_lines):
+    with contextlib.ExitStack() as stack:
+        in_stream = (
+            getattr(sys.stdin, "buffer", sys.stdin) if from_stdin else stack.enter_context(open(source, "rb"))
+        )
+        out_stream = sys.stdout if to_stdout else stack.enter_context(atomic_file(output))
+        for chunk in _chunks(_decoded_lines(in_stream, name), chunk_lines):
             for line in translate(model, tokenizer, chunk, options, batch_size, device, generate_kwargs):
                 out_stream.write(line + "\n")
             out_stream.flush()
             count += len(chunk)
-    finally:
-        if in_stream is not sys.stdin:
-            in_stream.close()
-        if out_stream is not sys.stdout:
-            out_stream.close()
     return count
 
 

@@ -354,3 +354,42 @@ def test_script_converts_a_folder(tmp_path: Path) -> None:
     command += ["--output_dir", str(tmp_path / "out"), "--from", "marian"]
     subprocess.run(command, check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("case", ["opus-mt", "separate-vocabularies"])
+def test_resizing_the_vocabularies_does_what_marian_does(case: str) -> None:
+    """resize_token_embeddings (and resize_decoder_token_embeddings for separate vocabularies) on a
+    converted model and on the Marian it came from: the same sizes, the same logits bias (kept
+    entries, new ones 0) and the same logits over the old vocabulary; the new rows are random."""
+    source = marian(seed=len(case), **MARIAN_CASES[case])
+    converted = convert_model(source).eval()
+    old_source, old_target = converted.config.vocab_size, converted.config.target_vocab_size
+    shared = converted.config.share_encoder_decoder_embeddings
+    for model in (source, converted):
+        model.resize_token_embeddings(old_source + 7)
+        if not shared:
+            model.resize_decoder_token_embeddings(old_target + 5)
+    new_target = old_source + 7 if shared else old_target + 5
+    assert (
+        converted.config.vocab_size
+        == source.config.vocab_size
+        == source.get_input_embeddings().num_embeddings
+    )
+    assert converted.config.target_vocab_size == new_target == source.lm_head.weight.shape[0]
+    assert converted.lm_head.weight.shape == source.lm_head.weight.shape
+    assert torch.equal(converted.final_logits_bias, source.final_logits_bias)
+    assert not converted.final_logits_bias[0, old_target:].any()
+    batch = source_batch(source)
+    decoder_input_ids = target_ids(converted.config)
+    decoder_input_ids[decoder_input_ids >= old_target] = 3
+    with torch.no_grad():
+        expected = source(**batch, decoder_input_ids=decoder_input_ids, use_cache=False).logits
+        actual = converted(**batch, decoder_input_ids=decoder_input_ids).logits
+    assert actual.shape == expected.shape == (3, decoder_input_ids.shape[1], new_target)
+    torch.testing.assert_close(actual[..., :old_target], expected[..., :old_target], atol=1e-5, rtol=0)
+
+
+def test_resize_decoder_token_embeddings_refuses_a_shared_vocabulary() -> None:
+    converted = convert_model(marian())
+    with pytest.raises(ValueError, match="resize_token_embeddings"):
+        converted.resize_decoder_token_embeddings(80)

@@ -11,6 +11,7 @@ ranks ran.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -154,15 +155,16 @@ def _launch_pair(
 
 @pytest.fixture(scope="module")
 def sentence_batches(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Run]:
-    """torchrun, 2 processes × 4 pairs, against 1 process × 8 pairs: the same global batches
+    """torchrun, 2 processes × 4 pairs, against 1 process × 8 pairs (``--max_tokens 0``: sentence-count
+    batches instead of the default token budget): the same global batches
     (Accelerate deals consecutive batches of the same seeded permutation to the ranks). No tokenizer
     is given: each run trains its own."""
     return _launch_pair(
         tmp_path_factory.mktemp("ddp"),
         None,
         "torchrun",
-        ["--per_device_train_batch_size", "4", "--log_level_replica", "info"],
-        ["--per_device_train_batch_size", "8"],
+        ["--max_tokens", "0", "--per_device_train_batch_size", "4", "--log_level_replica", "info"],
+        ["--max_tokens", "0", "--per_device_train_batch_size", "8"],
     )
 
 
@@ -225,6 +227,11 @@ def test_generation_evaluation_sees_every_sentence_once(sentence_batches: tuple[
         assert evaluation["references"] == expected  # 7, none twice, none missing
         assert evaluation["hypotheses"] == reference["hypotheses"]
         assert evaluation["metrics"] == pytest.approx(reference["metrics"])
+    # The unsmoothed NLL counts each sentence once (7 sentences in batches of 2 on 2 processes:
+    # Accelerate repeats one to fill the last batch).
+    results = [json.loads((run.out / "eval_results.json").read_text()) for run in (double, single)]
+    assert results[0]["eval_nll_loss"] == pytest.approx(results[1]["eval_nll_loss"], rel=1e-5)
+    assert results[0]["eval_ppl"] == pytest.approx(math.exp(results[0]["eval_nll_loss"]), rel=1e-9)
 
 
 @pytest.mark.slow

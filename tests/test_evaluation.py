@@ -27,6 +27,7 @@ from hf_vanilla.translate import (
     generate_ids,
     gnmt_length_penalty,
     nbest_log_probs,
+    paper_generation_kwargs,
     translate,
     translate_stream,
 )
@@ -118,6 +119,12 @@ def test_decoding_options_defaults_are_the_papers() -> None:
     options = DecodingOptions()
     assert (options.num_beams, options.length_penalty) == (4, 0.6)
     assert "input length + 50" in options.describe()
+    # §6.1 "terminate early when possible": stop when no better hypothesis can appear (HF's "never").
+    assert paper_generation_kwargs(options)["early_stopping"] == "never"
+    assert paper_generation_kwargs(DecodingOptions(early_stopping="true"))["early_stopping"] is True
+    assert paper_generation_kwargs(DecodingOptions(early_stopping="false"))["early_stopping"] is False
+    with pytest.raises(ValueError, match="early_stopping"):
+        DecodingOptions(early_stopping="sometimes")
     with pytest.raises(ValueError, match="length_penalty_type"):
         DecodingOptions(length_penalty_type="wu")
     with pytest.raises(ValueError, match="num_beams >= 2"):
@@ -258,6 +265,8 @@ def test_evaluate_translations_writes_hypotheses(model, tokenizer, tmp_path: Pat
     assert "GNMT" in results["decoding"]["description"]
     summary = json.loads(write_results(results, tmp_path / "results.json").read_text())
     assert "hypotheses" not in summary and summary["bleu_signature"].startswith("nrefs:1")
+    assert summary["decoding_seconds"] == results["decoding_seconds"] > 0
+    assert summary["decoding"]["early_stopping"] == "never"
 
 
 def test_evaluate_dataset_uses_translation_column(model, tokenizer) -> None:
@@ -288,3 +297,4 @@ def test_script_help_shows_paper_defaults(
     assert "--num_beams" in help_text and "Beam size (§6.1: 4). (default: 4)" in help_text
     assert "Length penalty α (§6.1: 0.6). (default: 0.6)" in help_text
     assert "--length_penalty_type {hf,gnmt}" in help_text
+    assert "--early_stopping {never,true,false}" in help_text

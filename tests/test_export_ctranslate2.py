@@ -74,7 +74,7 @@ def ct2_greedy(translator: object, tokens: list[list[str]]) -> list[list[str]]:
 def test_exported_model_decodes_like_generate(
     options: dict[str, object], tokenizer: PreTrainedTokenizerFast, tmp_path: Path
 ) -> None:
-    model = peaked(tiny_model(seed=1, **options))
+    model = peaked(tiny_model(seed=2, **options))  # a seed whose random model's outputs differ by input
     if options.get("final_logits_bias"):
         model.final_logits_bias.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(2))
     model.save_pretrained(tmp_path / "model")
@@ -120,11 +120,17 @@ def test_export_needs_the_tokenizer_and_a_new_folder(
     tmp_path: Path, tokenizer: PreTrainedTokenizerFast
 ) -> None:
     tiny_model().save_pretrained(tmp_path / "model")
-    with pytest.raises(ValueError, match="tokenizer"):
-        export_ctranslate2(tmp_path / "model", tmp_path / "ct2")
-    tokenizer.save_pretrained(tmp_path / "model")
     (tmp_path / "ct2").mkdir()
-    with pytest.raises(FileExistsError, match="force"):
+    (tmp_path / "ct2" / "mine.txt").write_text("keep")
+    with pytest.raises(ValueError, match="tokenizer"):  # a failed export leaves the old folder as it was
+        export_ctranslate2(tmp_path / "model", tmp_path / "ct2", overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "model"]
+    assert (tmp_path / "ct2" / "mine.txt").read_text() == "keep"
+    tokenizer.save_pretrained(tmp_path / "model")
+    with pytest.raises(FileExistsError, match="--overwrite"):
         export_ctranslate2(tmp_path / "model", tmp_path / "ct2")
-    export_ctranslate2(tmp_path / "model", tmp_path / "ct2", force=True)
-    assert (tmp_path / "ct2" / "model.bin").is_file()
+    assert (tmp_path / "ct2" / "mine.txt").read_text() == "keep"
+    export_ctranslate2(tmp_path / "model", tmp_path / "ct2", overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "ct2").iterdir()) == [
+        "config.json", "model.bin", "shared_vocabulary.json"
+    ]  # fmt: skip

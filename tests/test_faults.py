@@ -1,7 +1,7 @@
 """Faults (hf_vanilla/checkpointing.py): kill and resume, damaged and malicious checkpoint files, atomic saves.
 
 In-process tests use the project's ``PaperSeq2SeqTrainer`` with :class:`ResilientTrainerMixin`; the slow
-tests launch ``scripts/train.py`` (through tests/train_driver.py) and kill it with SIGTERM or SIGKILL.
+tests launch ``scripts/train.py`` (through tests/train_driver.py) and kill it with SIGTERM, SIGINT (Ctrl-C) or SIGKILL.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ def _trainer(
         "max_steps": 8,
         "warmup_steps": 1,
         "learning_rate": 1e-3,
+        "max_tokens": None,  # sentence-count batches of per_device_train_batch_size
         "per_device_train_batch_size": 4,
         "save_strategy": "steps",
         "save_steps": 3,
@@ -162,10 +163,13 @@ class _SignalAtStep(TrainerCallback):
             time.sleep(0.01)  # the handler runs in the main thread at the next bytecode
 
 
-@pytest.mark.parametrize("max_tokens", [None, 60])
-def test_sigterm_saves_the_current_step_and_resuming_gives_the_same_weights(
-    tmp_path: Path, tokenizer: Any, data: Any, run: Path, max_tokens: int | None
+@pytest.mark.parametrize(
+    ("signum", "max_tokens"), [(signal.SIGTERM, None), (signal.SIGTERM, 60), (signal.SIGINT, None)]
+)
+def test_a_signal_saves_the_current_step_and_resuming_gives_the_same_weights(
+    tmp_path: Path, tokenizer: Any, data: Any, run: Path, signum: int, max_tokens: int | None
 ) -> None:
+    """SIGTERM (preemption) and SIGINT (Ctrl-C) alike."""
     if max_tokens is not None:  # token-budget batches (§5.1): a different sampler to resume mid-epoch
         straight = tmp_path / "straight-tokens"
         trainer = _trainer(straight, tokenizer, data, max_tokens=max_tokens)
@@ -174,13 +178,15 @@ def test_sigterm_saves_the_current_step_and_resuming_gives_the_same_weights(
     else:
         straight = run
     out = tmp_path / "killed"
-    previous_handler = signal.getsignal(signal.SIGTERM)
+    previous_handler = signal.getsignal(signum)
     saver = SaveOnSignalCallback()
-    trainer = _trainer(out, tokenizer, data, callbacks=(_SignalAtStep(5), saver), max_tokens=max_tokens)
+    trainer = _trainer(
+        out, tokenizer, data, callbacks=(_SignalAtStep(5, signum), saver), max_tokens=max_tokens
+    )
     with pytest.raises(SystemExit) as exit_info:
         trainer.train()
-    assert exit_info.value.code == 128 + signal.SIGTERM
-    assert signal.getsignal(signal.SIGTERM) == previous_handler  # a second signal acts at once
+    assert exit_info.value.code == 128 + signum  # 143 for SIGTERM, 130 for SIGINT
+    assert signal.getsignal(signum) == previous_handler  # a second signal acts at once
     # Step 5 is not a save step (3, 6): the signal made it one, and nothing ran past it.
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == [
         "checkpoint-3",
@@ -194,6 +200,23 @@ def test_sigterm_saves_the_current_step_and_resuming_gives_the_same_weights(
     resumed.save_model()
     _assert_same_weights(_params(out), _params(straight))
     _assert_same_weights(_params(out / "checkpoint-6"), _params(straight / "checkpoint-6"))
+
+
+class _TwoSignalsAtStep(_SignalAtStep):
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_step_end(args, state, control, **kwargs)
+        super().on_step_end(args, state, control, **kwargs)
+
+
+def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path: Path, tokenizer: Any, data: Any) -> None:
+    out = tmp_path / "twice"
+    trainer = _trainer(
+        out, tokenizer, data, callbacks=(_TwoSignalsAtStep(5, signal.SIGINT), SaveOnSignalCallback())
+    )
+    with pytest.raises(KeyboardInterrupt):  # Python's own handler, restored by the first Ctrl-C
+        trainer.train()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-3"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_resume_true_skips_a_half_written_checkpoint(
@@ -537,7 +560,7 @@ def _env(record_dir: Path, **extra: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_train_script_killed_and_resumed_ends_with_the_same_weights(
     tmp_path: Path, tokenizer: Any, signum: int
 ) -> None:
@@ -572,8 +595,8 @@ def test_train_script_killed_and_resumed_ends_with_the_same_weights(
     log = victim.communicate(timeout=120)[0]
     assert victim.returncode in (128 + signum, -signum), log[-3000:]
     checkpoints = sorted(p.name for p in killed.iterdir() if p.name.startswith("checkpoint"))
-    # SIGTERM: the run saved the step it was on; SIGKILL: only what was saved before (step 3) survives.
-    assert checkpoints == (["checkpoint-3", "checkpoint-5"] if signum == signal.SIGTERM else ["checkpoint-3"])
+    # SIGTERM, Ctrl-C: the run saved the step it was on; SIGKILL: only what was saved before (step 3) survives.
+    assert checkpoints == (["checkpoint-3"] if signum == signal.SIGKILL else ["checkpoint-3", "checkpoint-5"])
     assert not (killed / "model.safetensors").exists()  # it never got to the end
 
     resume = subprocess.run(

@@ -256,13 +256,18 @@ def write_result_file(tmp_path: Path, decoding: DecodingOptions | None = None) -
 
 
 def test_publish_sets_generation_config_to_the_scored_decoding(model, tokenizer, tmp_path: Path) -> None:
-    results = write_result_file(tmp_path, DecodingOptions(num_beams=5, length_penalty=1.0))
+    decoding = DecodingOptions(num_beams=5, length_penalty=1.0, early_stopping="true")
+    results = write_result_file(tmp_path, decoding)
     args = PublishArguments(
         output_dir=str(tmp_path / "hub"), results_files=[str(results)], dataset="multi30k"
     )
     folder = publish(model, tokenizer, args)
     generation = json.loads((folder / "generation_config.json").read_text())
-    assert (generation["num_beams"], generation["length_penalty"]) == (5, 1.0)
+    assert (generation["num_beams"], generation["length_penalty"], generation["early_stopping"]) == (
+        5,
+        1.0,
+        True,
+    )
     assert "beam 5, HF length penalty |Y|^1.0" in (folder / "README.md").read_text()
 
 

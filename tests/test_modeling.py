@@ -10,9 +10,16 @@ import sys
 
 import pytest
 import torch
-from conftest import tiny_config, tiny_model
+from conftest import TINY, tiny_config, tiny_model
 from torch import nn
-from transformers import AutoModel, AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq
+from transformers import (
+    AutoModel,
+    AutoModelForSeq2SeqLM,
+    DataCollatorForSeq2Seq,
+    GenerationConfig,
+    MarianConfig,
+    MarianMTModel,
+)
 
 from hf_vanilla import (
     VanillaTransformerConfig,
@@ -323,8 +330,9 @@ def test_generate_with_cache_equals_without(model, batch, mode: str) -> None:
 
 def test_generation_defaults_follow_section_6_1(model, batch) -> None:
     config = model.generation_config
-    assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, True)
-    assert config.max_length is None and config.max_new_tokens is None
+    # "never": beam search stops only when no running hypothesis can beat the finished ones (§6.1).
+    assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, "never")
+    assert config.max_length is None and config.max_new_tokens is None and config.max_length_offset == 50
     assert config.decoder_start_token_id == 1 and config.eos_token_id == 2 and config.pad_token_id == 0
     # The random tiny model never ends a sentence by itself, so each row runs to its own bound:
     # source length + 50 tokens, </s> included.
@@ -340,6 +348,91 @@ def test_generation_defaults_follow_section_6_1(model, batch) -> None:
         encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"], num_beams=1
     )
     assert torch.equal(again, out)
+
+
+def _never_ends(model: VanillaTransformerForConditionalGeneration) -> torch.utils.hooks.RemovableHandle:
+    """Ban </s> in the logits: every sentence then runs to the §6.1 bound, which forces it."""
+    eos = model.config.eos_token_id
+    return model.lm_head.register_forward_hook(
+        lambda module, inputs, logits: logits.index_fill(-1, torch.tensor([eos]), -1e4)
+    )
+
+
+def _first_eos(sequences: torch.Tensor, eos: int = 2) -> list[int]:
+    """Per row, how many tokens after the start token up to and including the first </s>."""
+    return [row[1:].tolist().index(eos) + 1 for row in sequences]
+
+
+def test_the_bound_survives_trainer_defaults_and_user_configs(model, batch, tmp_path) -> None:
+    """source + max_length_offset per sentence on every call: through HF's max_length=20 written into
+    the generation config (Seq2SeqTrainer does that), a user GenerationConfig without the key, and a
+    saved and reloaded model; a user's own max_length / max_new_tokens caps it."""
+    _never_ends(model)
+    source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    bounds = [9 + 50, 6 + 50]
+    assert _first_eos(model.generate(**source, num_beams=1)) == bounds
+
+    model.generation_config.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
+    assert model.generation_config.max_length == 20  # what Seq2SeqTrainer.prediction_step leaves
+    assert _first_eos(model.generate(**source, num_beams=1)) == bounds
+    assert _first_eos(model.generate(**source, generation_config=GenerationConfig(num_beams=2))) == bounds
+    assert _first_eos(model.generate(**source, num_beams=1, max_length_offset=3)) == [9 + 3, 6 + 3]
+    with pytest.raises(ValueError, match="max_length_offset"):
+        model.generate(**source, max_length_offset=-1)
+
+    # A cap set by the user: for the whole batch, never longer than each sentence's bound.
+    capped = GenerationConfig(num_beams=1, max_new_tokens=57)
+    out = model.generate(**source, generation_config=capped)
+    assert out.shape[1] == 1 + 57 and 2 not in out[0].tolist()  # cut at the cap, before its bound
+    assert _first_eos(out[1:]) == [6 + 50]
+    assert model.generate(**source, num_beams=1, max_length=20).shape[1] == 20  # explicit: a cap
+
+    model.save_pretrained(tmp_path)
+    reloaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert reloaded.generation_config.max_length == 20 and reloaded.generation_config.max_length_offset == 50
+    _never_ends(reloaded)
+    assert _first_eos(reloaded.generate(**source, num_beams=1)) == bounds
+    reloaded.generation_config.max_length_offset = 10
+    assert _first_eos(reloaded.generate(**source, num_beams=1)) == [9 + 10, 6 + 10]
+
+
+def test_beam_search_outputs_have_marians_shapes(model, batch) -> None:
+    """generate(return_dict_in_generate, output_hidden_states, output_attentions) with beams: every
+    tensor has the shape MarianMTModel of the same size gives (transformers 5.24): encoder states and
+    attentions once per sentence (B, ...), decoder and cross-attention per hypothesis (B × beams, ...)."""
+    config = MarianConfig(
+        **TINY,
+        pad_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        forced_eos_token_id=None,
+    )
+    config._attn_implementation = "eager"  # Marian's SDPA returns no attention weights
+    torch.manual_seed(0)
+    marian = MarianMTModel(config).eval()
+    settings = {
+        "num_beams": 3,
+        "max_new_tokens": 4,
+        "min_new_tokens": 4,  # both run the same number of steps
+        "return_dict_in_generate": True,
+        "output_hidden_states": True,
+        "output_attentions": True,
+        "output_scores": True,
+    }
+    source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    ours, theirs = model.generate(**source, **settings), marian.generate(**source, **settings)
+
+    def shapes(value: object) -> object:
+        if isinstance(value, torch.Tensor):
+            return tuple(value.shape)
+        return [shapes(item) for item in value]
+
+    fields = ["sequences", "sequences_scores", "scores", "beam_indices", "encoder_hidden_states"]
+    fields += ["encoder_attentions", "decoder_hidden_states", "decoder_attentions", "cross_attentions"]
+    for name in fields:
+        assert shapes(getattr(ours, name)) == shapes(getattr(theirs, name)), name
+    assert shapes(ours.encoder_hidden_states)[0] == (2, 9, 32)  # per sentence, not per hypothesis
+    assert shapes(ours.cross_attentions)[0][0] == (2 * 3, 4, 1, 9)
 
 
 def test_forced_end_keeps_the_real_end_score(model, batch) -> None:
@@ -490,6 +583,18 @@ def test_resize_token_embeddings_keeps_tying(model, batch) -> None:
     assert out.logits.shape == (1, 2, 120)
 
 
+def test_resize_token_embeddings_resizes_an_untied_projection_and_the_logits_bias() -> None:
+    model = tiny_model(tie_word_embeddings=False, final_logits_bias=True)
+    with torch.no_grad():
+        model.final_logits_bias.normal_()
+    bias = model.final_logits_bias.clone()
+    model.resize_token_embeddings(90)
+    assert model.lm_head.weight.shape == (90, 32) and model.lm_head.weight is not model.model.shared.weight
+    assert torch.equal(model.final_logits_bias, bias[:, :90])
+    out = model(input_ids=torch.tensor([[80, 2]]), decoder_input_ids=torch.tensor([[1, 85]]))
+    assert out.logits.shape == (1, 2, 90)
+
+
 def test_gradient_checkpointing_gives_the_same_gradients(batch) -> None:
     grads = []
     for checkpointing in (False, True):
@@ -574,3 +679,24 @@ def test_remote_code_loads_where_hf_vanilla_is_not_installed(model, batch, tmp_p
     torch.testing.assert_close(remote["logits"], model(**batch).logits, atol=1e-6, rtol=0)
     local = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=5)
     assert torch.equal(remote["generated"], local)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_generate_continued_from_its_cache_equals_one_longer_call(batch, seed: int) -> None:
+    """generate(decoder_input_ids=first.sequences, cache=first.cache) feeds only the new token (the
+    cached positions are not fed again), with a padded source row too."""
+    model = tiny_model(seed=seed)
+    source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    greedy = {"num_beams": 1, "do_sample": False}
+    first = model.generate(
+        **source, max_new_tokens=4, min_new_tokens=4, return_dict_in_generate=True, **greedy
+    )
+    continued = model.generate(
+        **source,
+        decoder_input_ids=first.sequences,
+        cache=first.cache,
+        max_new_tokens=4,
+        min_new_tokens=4,
+        **greedy,
+    )
+    assert torch.equal(continued, model.generate(**source, max_new_tokens=8, min_new_tokens=8, **greedy))

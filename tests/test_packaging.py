@@ -17,6 +17,7 @@ COMMANDS = {
     "hf-vanilla-train-tokenizer": "hf_vanilla.cli.train_tokenizer:main",
     "hf-vanilla-train": "hf_vanilla.cli.train:main",
     "hf-vanilla-average": "hf_vanilla.cli.average_checkpoints:main",
+    "hf-vanilla-translate": "hf_vanilla.cli.translate:main",
     "hf-vanilla-evaluate": "hf_vanilla.cli.evaluate_bleu:main",
     "hf-vanilla-plot": "hf_vanilla.cli.plot:main",
     "hf-vanilla-publish": "hf_vanilla.cli.publish:main",
@@ -96,5 +97,5 @@ def test_every_command_is_a_main_function_of_the_package() -> None:
         module, function = target.split(":")
         assert callable(getattr(importlib.import_module(module), function)), target
     for wrapper in (ROOT / "scripts").glob("*.py"):
-        if wrapper.name not in ("gpu_check.py", "translate.py"):  # translate: see the README
+        if wrapper.name != "gpu_check.py":
             assert f"from hf_vanilla.cli.{wrapper.stem} import main" in wrapper.read_text(), wrapper

@@ -27,10 +27,10 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 LOG_HISTORY = [
     {"step": 10, "epoch": 0.1, "loss": 7.5, "learning_rate": 1e-4, "grad_norm": 3.0},
     {"step": 20, "epoch": 0.2, "loss": 6.0, "learning_rate": 2e-4, "grad_norm": 2.0},
-    {"step": 20, "epoch": 0.2, "eval_loss": 6.2, "eval_bleu": 1.5, "eval_chrf": 10.0},
+    {"step": 20, "epoch": 0.2, "eval_loss": 6.2, "eval_nll_loss": 5.8, "eval_ppl": 330.3, "eval_bleu": 1.5},
     {"step": 30, "epoch": 0.3, "loss": 5.1, "learning_rate": 1.6e-4, "grad_norm": 1.5},
     {"step": 40, "epoch": 0.4, "loss": 4.4, "learning_rate": 1.4e-4, "grad_norm": 1.4},
-    {"step": 40, "epoch": 0.4, "eval_loss": 4.9, "eval_bleu": 6.5, "eval_chrf": 25.0},
+    {"step": 40, "epoch": 0.4, "eval_loss": 4.9, "eval_nll_loss": 4.3, "eval_ppl": 73.7, "eval_bleu": 6.5},
     {"step": 40, "epoch": 0.4, "train_runtime": 12.0, "train_loss": 5.7},
 ]
 
@@ -59,7 +59,16 @@ def write_state(folder: Path, history: list[dict]) -> Path:
 def test_training_curves_png(tmp_path: Path) -> None:
     write_state(tmp_path / "run", LOG_HISTORY)
     path = plot_training_curves(tmp_path / "run", tmp_path / "curves.png", dpi=50)
-    assert png_pixels(path).shape[:2] == (200, 750)  # figsize (15, 4) inches × 50 dpi
+    assert png_pixels(path).shape[:2] == (200, 1000)  # figsize (20, 4) inches × 50 dpi
+
+
+def test_training_curves_show_the_unsmoothed_nll_and_perplexity(tmp_path: Path) -> None:
+    """eval_nll_loss and eval_ppl alone are enough to draw, and the perplexity is drawn."""
+    only = [{key: row[key] for key in ("step", "eval_nll_loss", "eval_ppl")} for row in LOG_HISTORY[2::3]]
+    with_ppl = png_pixels(plot_training_curves(only, tmp_path / "with.png", dpi=40))
+    without = [{key: value for key, value in row.items() if key != "eval_ppl"} for row in only]
+    without_ppl = png_pixels(plot_training_curves(without, tmp_path / "without.png", dpi=40))
+    assert with_ppl.shape == without_ppl.shape and not np.array_equal(with_ppl, without_ppl)
 
 
 def test_log_history_from_newest_checkpoint(tmp_path: Path) -> None:
@@ -157,7 +166,9 @@ def test_plot_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model, tok
     argv += ["--positional_encoding", "--model_name_or_path", str(tmp_path / "model"), "--device", "cpu"]
     argv += ["--sentence", "w1 w2", "--target", "w3", "--dpi", "30"]
     monkeypatch.setattr(sys, "argv", argv)
-    runpy.run_path(str(REPO / "scripts" / "plot.py"), run_name="__main__")
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(REPO / "scripts" / "plot.py"), run_name="__main__")
+    assert exit_info.value.code == 0
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert names == [
         "cross_attention_grid.png",

@@ -38,6 +38,7 @@ def _trainer(tmp_path: Path, tokenizer: Any, model: Any, **overrides: Any) -> Pa
         "max_steps": 12,
         "warmup_steps": 2,
         "learning_rate": 3e-3,
+        "max_tokens": None,  # sentence-count batches of per_device_train_batch_size
         "per_device_train_batch_size": 8,
         "save_strategy": "no",
         "eval_strategy": "no",

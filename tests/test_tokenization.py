@@ -116,16 +116,23 @@ def test_vocab_too_small() -> None:
 
 
 def test_check_tokenizer_matches_config(tokenizer) -> None:
-    check_tokenizer_matches_config(tokenizer, VanillaTransformerConfig(vocab_size=len(tokenizer)))
-    check_tokenizer_matches_config(tokenizer, VanillaTransformerConfig(vocab_size=len(tokenizer) + 8))
+    n = len(tokenizer)
+    check_tokenizer_matches_config(tokenizer, VanillaTransformerConfig(vocab_size=n))
+    for rows in (n - 100, n + 8):  # a smaller tokenizer is refused as well as a larger one
+        with pytest.raises(ValueError, match=rf"has {n} tokens but the model's has {rows}.*trained with"):
+            check_tokenizer_matches_config(
+                tokenizer, VanillaTransformerConfig(vocab_size=rows), "tok and model"
+            )
     with pytest.raises(
-        ValueError, match=rf"{len(tokenizer)} tokens.*vocab_size is 300.*vocab_size={len(tokenizer)}"
+        ValueError, match=r"\(a and b\): pad_token_id is 0 in the tokenizer but 5 in the model"
     ):
-        check_tokenizer_matches_config(tokenizer, VanillaTransformerConfig(vocab_size=300))
-    with pytest.raises(ValueError, match=r"pad_token_id: tokenizer has 0, config has 5.*pad_token_id=0"):
-        check_tokenizer_matches_config(tokenizer, VanillaTransformerConfig(vocab_size=1000, pad_token_id=5))
-    with pytest.raises(ValueError, match=r"eos_token_id: tokenizer has 2, config has 7"):
-        check_tokenizer_matches_config(tokenizer, VanillaTransformerConfig(vocab_size=1000, eos_token_id=7))
+        check_tokenizer_matches_config(
+            tokenizer, VanillaTransformerConfig(vocab_size=n, pad_token_id=5), "a and b"
+        )
+    with pytest.raises(ValueError, match=r"bos_token_id is 1 in the tokenizer but 4"):
+        check_tokenizer_matches_config(tokenizer, VanillaTransformerConfig(vocab_size=n, bos_token_id=4))
+    with pytest.raises(ValueError, match=r"eos_token_id is 2 in the tokenizer but 7"):
+        check_tokenizer_matches_config(tokenizer, VanillaTransformerConfig(vocab_size=n, eos_token_id=7))
 
 
 def test_tokenize_translations(tokenizer) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import random
 import warnings
 from pathlib import Path
@@ -10,12 +12,22 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
-from transformers import DataCollatorForSeq2Seq, EvalPrediction, TrainerCallback
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    DataCollatorForSeq2Seq,
+    EvalPrediction,
+    HfArgumentParser,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+)
 from transformers.optimization import get_inverse_sqrt_schedule
 
+from hf_vanilla.batching import TokenBudgetBatchSampler
 from hf_vanilla.data import DataArguments, load_local_files
 from hf_vanilla.tokenization import tokenize_translations
 from hf_vanilla.training import (
+    PAPER_MAX_TOKENS_PER_PROCESS,
     ModelArguments,
     PaperLRLambda,
     PaperSeq2SeqTrainer,
@@ -57,6 +69,7 @@ def _args(output_dir: Path, **overrides: object) -> PaperTrainingArguments:
         "output_dir": str(output_dir),
         "max_steps": 8,
         "warmup_steps": 3,
+        "max_tokens": 0,  # sentence-count batches of per_device_train_batch_size
         "per_device_train_batch_size": 8,
         "per_device_eval_batch_size": 4,
         "eval_strategy": "no",
@@ -133,6 +146,24 @@ def test_hf_label_smoother_is_refused(tmp_path: Path) -> None:
         _args(tmp_path, label_smoothing_factor=0.1)
 
 
+def test_paper_defaults_do_not_clip_and_batch_by_tokens(tmp_path: Path, tokenizer) -> None:
+    """§5.3 (tensor2tensor's clip_grad_norm = 0) and §5.1 (≈ 25k + 25k tokens per step over 8 GPUs);
+    --max_tokens 0 goes back to sentence-count batches."""
+    parser = HfArgumentParser(PaperTrainingArguments)
+    (args,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path)])
+    assert args.max_grad_norm == 0.0
+    assert args.max_tokens == PAPER_MAX_TOKENS_PER_PROCESS == 6250
+    trainer = _trainer(tiny_model(), args, _dataset(tmp_path, tokenizer), tokenizer)
+    assert isinstance(trainer.token_budget_sampler(), TokenBudgetBatchSampler)
+    (args,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--max_tokens", "0"])
+    assert args.max_tokens is None
+    with pytest.raises(ValueError, match="--max_tokens"):
+        _args(tmp_path, max_tokens=-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Trainer with generation
+# --------------------------------------------------------------------------------------------------
 # --------------------------------------------------------------------------------------------------
 # Trainer with generation
 # --------------------------------------------------------------------------------------------------
@@ -174,6 +205,72 @@ def test_train_then_predict_keeps_the_paper_generation_bound(tmp_path: Path, tok
     assert first_eos == [n + 50 for n in source_lengths]
     assert output.metrics["test_gen_len"] == pytest.approx(np.mean([n + 49 for n in source_lengths]))
     assert output.metrics["test_exact_match"] == 0.0
+
+
+def test_stock_seq2seq_trainer_then_save_and_reload_keeps_the_bound(tmp_path: Path, tokenizer) -> None:
+    """HF's own Seq2SeqTrainer(predict_with_generate) writes max_length=20 into the generation config,
+    and it is saved; a 30-token source still decodes up to its own 30 + 50 tokens after reloading."""
+    data = _dataset(tmp_path, tokenizer, n_valid=3)
+    model = tiny_model()
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        predict_with_generate=True,
+        generation_num_beams=1,
+        per_device_eval_batch_size=2,
+        report_to="none",
+        use_cpu=True,
+    )
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        eval_dataset=data["validation"],
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        compute_metrics=build_compute_metrics(tokenizer),  # else evaluate() does not generate
+    )
+    trainer.evaluate()
+    trainer.save_model(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "generation_config.json").read_text())
+    assert saved["max_length"] == 20 and saved["max_length_offset"] == 50
+
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "saved").eval()
+    eos = tokenizer.eos_token_id
+    reloaded.lm_head.register_forward_hook(
+        lambda m, i, logits: logits.index_fill(-1, torch.tensor([eos]), -1e4)
+    )
+    source = tokenizer([" ".join(WORDS[:29])], return_tensors="pt")  # 29 words + </s>
+    assert source["input_ids"].shape[1] == 30
+    for num_beams in (1, 4):
+        out = reloaded.generate(**source, num_beams=num_beams)
+        assert out[0, 1:].tolist().index(eos) + 1 == 30 + 50
+
+
+def test_evaluation_logs_the_unsmoothed_nll_and_perplexity(tmp_path: Path, tokenizer) -> None:
+    """eval_nll_loss is Σ -log p(label) / target tokens over the whole set (here two batches), beside
+    the label-smoothed eval_loss; eval_ppl = exp(eval_nll_loss); both reach the log history."""
+    data = _dataset(tmp_path, tokenizer, n_valid=6)
+    model = tiny_model(label_smoothing=0.1)
+    trainer = _trainer(model, _args(tmp_path / "out", generation_num_beams=1), data, tokenizer)
+    metrics = trainer.evaluate()
+
+    batch = trainer.data_collator([data["validation"][i] for i in range(6)])
+    batch = {key: value for key, value in batch.items() if key in ("input_ids", "attention_mask", "labels")}
+    with torch.no_grad():
+        logits = model(**batch).logits
+    labels = batch["labels"]
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
+    expected = nll.item() / int((labels != -100).sum())
+    assert metrics["eval_nll_loss"] == pytest.approx(expected, rel=1e-5)
+    assert metrics["eval_ppl"] == pytest.approx(math.exp(expected), rel=1e-5)
+    assert metrics["eval_loss"] != pytest.approx(expected, rel=1e-3)  # the smoothed loss is another number
+    logged = trainer.state.log_history[-1]
+    assert logged["eval_nll_loss"] == metrics["eval_nll_loss"] and logged["eval_ppl"] == metrics["eval_ppl"]
+
+    # Without label smoothing and in one batch, the NLL per token is exactly the model's loss.
+    model.config.label_smoothing = 0.0
+    trainer.args.per_device_eval_batch_size = 8
+    metrics = trainer.evaluate(metric_key_prefix="plain")
+    assert metrics["plain_nll_loss"] == pytest.approx(metrics["plain_loss"], rel=1e-5)
 
 
 def test_loss_decreases_on_a_copy_task(tmp_path: Path, tokenizer) -> None:

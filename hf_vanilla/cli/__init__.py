@@ -1,15 +1,91 @@
-"""The command-line tools, installed by ``pip install`` as ``hf-vanilla-*`` commands (``[project.scripts]`` in
-pyproject.toml); ``scripts/*.py`` in a source checkout are thin wrappers of the same ``main`` functions.
+"""The command-line tools, and what all of them share: how errors and interrupts end, and ``--overwrite``.
+
+``pip install`` installs each as an ``hf-vanilla-*`` command (``[project.scripts]`` in pyproject.toml);
+``scripts/*.py`` in a source checkout are thin wrappers of the same ``main`` functions.
 
 | command | module |
 |---|---|
 | ``hf-vanilla-train-tokenizer`` | :mod:`hf_vanilla.cli.train_tokenizer` |
 | ``hf-vanilla-train`` | :mod:`hf_vanilla.cli.train` |
 | ``hf-vanilla-average`` | :mod:`hf_vanilla.cli.average_checkpoints` |
+| ``hf-vanilla-translate`` | :mod:`hf_vanilla.cli.translate` |
 | ``hf-vanilla-evaluate`` | :mod:`hf_vanilla.cli.evaluate_bleu` |
 | ``hf-vanilla-plot`` | :mod:`hf_vanilla.cli.plot` |
 | ``hf-vanilla-publish`` | :mod:`hf_vanilla.cli.publish` |
 | ``hf-vanilla-convert`` | :mod:`hf_vanilla.cli.convert` |
 | ``hf-vanilla-export-ct2`` | :mod:`hf_vanilla.cli.export_ctranslate2` |
 | ``hf-vanilla-demo`` | :mod:`hf_vanilla.demo` |
+
+Each command (and ``python -m hf_vanilla.demo``) has a ``main(argv)`` that returns an exit status
+through :func:`run_cli`:
+
+* A user error — a missing, damaged or mismatched file, a flag that cannot be honoured, an output
+  that exists without ``--overwrite`` — ends in one line on stderr, ``error: <what and how to fix
+  it>``, and exit status 1, without a traceback. ``--debug`` (``hf-vanilla-train``: ``--log_level
+  debug``) lets the exception propagate with its traceback. Anything else (a bug) propagates as it is.
+* Ctrl-C ends in ``interrupted`` and status 130 (training first saves a checkpoint; see
+  :class:`hf_vanilla.checkpointing.SaveOnSignalCallback`).
+* Nothing that exists is replaced unless ``--overwrite`` is given
+  (:func:`hf_vanilla.checkpointing.refuse_to_replace`), and outputs are written under a temporary
+  name and renamed into place when complete, so a refused or failed run leaves them as they were.
 """
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from huggingface_hub.errors import HfHubHTTPError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DEBUG_EPILOG", "OVERWRITE_HELP", "USER_ERRORS", "run_cli"]
+
+#: Help text of every command's ``--overwrite`` flag.
+OVERWRITE_HELP = (
+    "Replace an existing output. Without it an existing output is never touched: the command stops first. "
+    "Either way the output is written under a temporary name and moved into place only when complete."
+)
+#: Epilog of every command's ``--help`` (``--debug`` is taken out of the arguments by :func:`run_cli`).
+DEBUG_EPILOG = "An error ends in one line; --debug shows its traceback."
+#: Exceptions that describe bad input (their message says what to do), not a bug in hf_vanilla.
+#: ``ValueError`` covers ``UnicodeDecodeError``, ``json.JSONDecodeError`` and the checkpoint checks;
+#: ``OSError`` missing, existing or unreadable files and Hub download failures.
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError, HfHubHTTPError)
+
+
+def _wants_traceback(argv: Sequence[str]) -> bool:
+    if "--debug" in argv:
+        return True
+    pairs = zip(argv, [*argv[1:], ""], strict=True)
+    return "--log_level=debug" in argv or any(a == "--log_level" and b == "debug" for a, b in pairs)
+
+
+def run_cli(
+    body: Callable[[list[str]], object], argv: Sequence[str] | None = None, *, debug_flag: bool = True
+) -> int:
+    """Run a command's ``body(argv)`` and turn user errors and Ctrl-C into one line and an exit status.
+
+    With ``debug_flag`` a ``--debug`` argument is taken out of ``argv`` before ``body`` parses it
+    (``train.py`` passes ``False``: its ``--debug`` belongs to ``TrainingArguments``). Returns 0 on
+    success, 1 after a user error, 130 after Ctrl-C; ``SystemExit`` (``--help``, a usage error, a
+    training run stopped by a signal) passes through.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = _wants_traceback(args)
+    if debug_flag:
+        args = [a for a in args if a != "--debug"]
+    try:
+        body(args)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as err:
+        if debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0

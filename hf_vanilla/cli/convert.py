@@ -12,20 +12,27 @@ gives the original's logits and translations, and keeps the original model's lic
 from __future__ import annotations
 
 import logging
+import sys
 
 from transformers import HfArgumentParser
 
+from hf_vanilla.cli import DEBUG_EPILOG, run_cli
 from hf_vanilla.convert import ConversionArguments, convert_from_args
 
 logger = logging.getLogger("convert")
 
 
-def main() -> None:
-    (args,) = HfArgumentParser(ConversionArguments).parse_args_into_dataclasses()
+def _run(argv: list[str]) -> None:
+    parser = HfArgumentParser(ConversionArguments, description=__doc__, epilog=DEBUG_EPILOG)
+    (args,) = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     convert_from_args(args)
     logger.info("Converted %s into %s", args.source, args.output_dir)
 
 
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_run, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

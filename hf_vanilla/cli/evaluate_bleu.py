@@ -5,8 +5,9 @@ r"""Translate a split with the paper's decoding (§6.1) and report corpus BLEU a
         --split validation --output_dir runs/base/eval
 
 Writes <output_dir>/<split>.hyp.<target_lang> (one hypothesis per line) and
-<output_dir>/<split>.results.json (scores, sacreBLEU signatures, decoding settings), which
-hf-vanilla-publish puts on the model card.
+<output_dir>/<split>.results.json (scores, sacreBLEU signatures, decoding settings and seconds), which
+hf-vanilla-publish puts on the model card. Prints BLEU, chrF and the decoding time; compare stopping
+rules with --early_stopping never|true|false. Existing result files are kept unless --overwrite is given.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import HfArgumentParser
 
+from hf_vanilla.checkpointing import refuse_to_replace
+from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
 from hf_vanilla.data import DataArguments, load_from_args
 from hf_vanilla.evaluation import evaluate_dataset, write_results
 from hf_vanilla.translate import DecodingOptions, ModelArguments, load_model_and_tokenizer
@@ -33,26 +37,31 @@ class EvalArguments:
     dataset_display_name: str | None = field(
         default=None, metadata={"help": "Name of the data on the model card, e.g. 'Multi30k (Task 1)'."}
     )
+    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
 
 
-def main() -> None:
+def _run(argv: list[str]) -> None:
     parser = HfArgumentParser(
-        (ModelArguments, DataArguments, DecodingOptions, EvalArguments), description=__doc__
+        (ModelArguments, DataArguments, DecodingOptions, EvalArguments),
+        description=__doc__,
+        epilog=DEBUG_EPILOG,
+        formatter_class=_Formatter,
     )
-    model_args, data_args, decoding, eval_args = parser.parse_args_into_dataclasses()
+    model_args, data_args, decoding, eval_args = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    data = load_from_args(data_args)
-    if eval_args.split not in data:
-        raise SystemExit(
-            f"Split {eval_args.split!r} not loaded; available: {sorted(data)}. Pass it with --split."
-        )
-    model, tokenizer = load_model_and_tokenizer(model_args)
     output_dir = Path(eval_args.output_dir or Path(model_args.model_name_or_path) / "eval")
     split, tgt = eval_args.split, data_args.target_lang
+    hypotheses_file, results_file = output_dir / f"{split}.hyp.{tgt}", output_dir / f"{split}.results.json"
+    for path in (hypotheses_file, results_file):  # before any work
+        refuse_to_replace(path, eval_args.overwrite, "The evaluation output")
+    data = load_from_args(data_args)
+    if split not in data:
+        raise ValueError(f"Split {split!r} not loaded; available: {sorted(data)}. Pass it with --split.")
+    model, tokenizer = load_model_and_tokenizer(model_args)
     results = evaluate_dataset(
         model,
         tokenizer,
@@ -62,7 +71,7 @@ def main() -> None:
         options=decoding,
         batch_size=model_args.batch_size,
         device=model_args.device,
-        hypotheses_file=output_dir / f"{split}.hyp.{tgt}",
+        hypotheses_file=hypotheses_file,
     )
     results.update(
         split=split,
@@ -71,12 +80,17 @@ def main() -> None:
         model=model_args.model_name_or_path,
         dataset_name=eval_args.dataset_display_name or data_args.dataset_name or "local files",
     )
-    path = write_results(results, output_dir / f"{split}.results.json")
+    path = write_results(results, results_file)
     summary = {
-        key: results[key] for key in ("bleu", "chrf", "bleu_signature", "chrf_signature", "num_segments")
+        key: results[key]
+        for key in ("bleu", "chrf", "decoding_seconds", "bleu_signature", "chrf_signature", "num_segments")
     }
     print(json.dumps({**summary, "decoding": decoding.describe(), "results_file": str(path)}, indent=2))
 
 
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_run, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

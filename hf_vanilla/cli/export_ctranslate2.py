@@ -10,20 +10,27 @@ are the tokenizer's token strings (`tokenizer.convert_ids_to_tokens(tokenizer(te
 from __future__ import annotations
 
 import logging
+import sys
 
 from transformers import HfArgumentParser
 
+from hf_vanilla.cli import DEBUG_EPILOG, run_cli
 from hf_vanilla.export_ctranslate2 import ExportArguments, export_from_args
 
 logger = logging.getLogger("export_ctranslate2")
 
 
-def main() -> None:
-    (args,) = HfArgumentParser(ExportArguments).parse_args_into_dataclasses()
+def _run(argv: list[str]) -> None:
+    parser = HfArgumentParser(ExportArguments, description=__doc__, epilog=DEBUG_EPILOG)
+    (args,) = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     export_from_args(args)
     logger.info("Exported %s to %s", args.model_dir, args.output_dir)
 
 
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_run, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

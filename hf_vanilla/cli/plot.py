@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import HfArgumentParser
 
+from hf_vanilla.checkpointing import refuse_to_replace
+from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
 from hf_vanilla.plotting import plot_cross_attention, plot_positional_encoding, plot_training_curves
 from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
 
@@ -45,6 +48,7 @@ class PlotArguments:
     )
     bleu_key: str = field(default="eval_bleu", metadata={"help": "Logged key of validation BLEU."})
     dpi: int = field(default=100, metadata={"help": "Resolution of the PNG files."})
+    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
 
 
 @dataclass
@@ -58,11 +62,14 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
     pass
 
 
-def main() -> None:
+def _run(argv: list[str]) -> None:
     parser = HfArgumentParser(
-        (PlotArguments, OptionalModelArguments), description=__doc__, formatter_class=_Formatter
+        (PlotArguments, OptionalModelArguments),
+        description=__doc__,
+        epilog=DEBUG_EPILOG,
+        formatter_class=_Formatter,
     )
-    args, model_args = parser.parse_args_into_dataclasses()
+    args, model_args = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if not (args.training_run or args.sentence or args.positional_encoding):
         parser.error(
@@ -71,6 +78,11 @@ def main() -> None:
     if args.sentence and not model_args.model_name_or_path:
         parser.error("--sentence needs --model_name_or_path.")
     out = Path(args.output_dir)
+    names = (["training_curves.png"] if args.training_run else []) + (
+        ["cross_attention_grid.png", "cross_attention_mean.png"] if args.sentence else []
+    )
+    for name in names + (["positional_encoding.png"] if args.positional_encoding else []):
+        refuse_to_replace(out / name, args.overwrite, "The picture")  # before any work
     written: list[Path] = []
     if args.training_run:
         written.append(
@@ -94,5 +106,9 @@ def main() -> None:
         print(path)
 
 
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_run, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,6 +9,7 @@ r"""Write the folder that would be pushed to the Hugging Face Hub, and push it w
 The folder holds model.safetensors, config.json (auto_map for AutoConfig, AutoModel and
 AutoModelForSeq2SeqLM), the modeling code, generation_config.json, the tokenizer and README.md (the model
 card rendered from hf_vanilla/templates/model_card.md, with the scores, the decoding settings and the data's terms of use).
+An existing --output_dir is kept unless --overwrite is given; then it is replaced whole.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from hf_vanilla.hub import HubPushError, PublishArguments, publish
+from hf_vanilla.checkpointing import refuse_to_replace
+from hf_vanilla.cli import DEBUG_EPILOG, run_cli
+from hf_vanilla.hub import PublishArguments, publish
 from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
 
 
@@ -36,24 +39,28 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
     pass
 
 
-def main() -> None:
+def _run(argv: list[str]) -> None:
     parser = HfArgumentParser(
-        (OptionalModelArguments, PublishArguments), description=__doc__, formatter_class=_Formatter
+        (OptionalModelArguments, PublishArguments),
+        description=__doc__,
+        epilog=DEBUG_EPILOG,
+        formatter_class=_Formatter,
     )
-    model_args, args = parser.parse_args_into_dataclasses()
+    model_args, args = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     model = tokenizer = None
     if not args.push_only:
         if not model_args.model_name_or_path:
             parser.error("--model_name_or_path is required unless --push_only.")
+        refuse_to_replace(args.output_dir, args.overwrite, "--output_dir")  # before loading anything
         model, tokenizer = load_model_and_tokenizer(model_args)
-    try:
-        folder = publish(model, tokenizer, args, model_dir=model_args.model_name_or_path)
-    except HubPushError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
+    folder = publish(model, tokenizer, args, model_dir=model_args.model_name_or_path)
     print(folder)
 
 
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_run, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

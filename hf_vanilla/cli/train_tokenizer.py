@@ -11,18 +11,23 @@ The result loads with `AutoTokenizer.from_pretrained(output_dir)`.
 from __future__ import annotations
 
 import logging
+import sys
 
 from transformers import HfArgumentParser
 
+from hf_vanilla.checkpointing import refuse_to_replace, save_pretrained_atomic
+from hf_vanilla.cli import DEBUG_EPILOG, run_cli
 from hf_vanilla.data import DataArguments, load_from_args
 from hf_vanilla.tokenization import TokenizerArguments, train_tokenizer_from_dataset
 
 logger = logging.getLogger("train_tokenizer")
 
 
-def main() -> None:
-    data_args, tok_args = HfArgumentParser((DataArguments, TokenizerArguments)).parse_args_into_dataclasses()
+def _run(argv: list[str]) -> None:
+    parser = HfArgumentParser((DataArguments, TokenizerArguments), description=__doc__, epilog=DEBUG_EPILOG)
+    data_args, tok_args = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    refuse_to_replace(tok_args.output_dir, tok_args.overwrite, "--output_dir")  # before any work
     data = load_from_args(data_args)
     tokenizer = train_tokenizer_from_dataset(
         data,
@@ -32,9 +37,13 @@ def main() -> None:
         min_frequency=tok_args.min_frequency,
         split=tok_args.split,
     )
-    tokenizer.save_pretrained(tok_args.output_dir)
+    save_pretrained_atomic(tok_args.output_dir, tokenizer)
     logger.info("Saved a %d-token tokenizer to %s", len(tokenizer), tok_args.output_dir)
 
 
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_run, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

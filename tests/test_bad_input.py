@@ -1,0 +1,557 @@
+"""Bad input and misuse, as a new user meets them: one table of cases and what must happen.
+
+Each row of :data:`CLI_CASES` runs a command in-process through its ``main(argv)`` and states the outcome:
+the exit status, a fragment of the one ``error:`` line on stderr, and the file or folder that must come
+through unchanged (a marker written before the run: nothing the user had is lost). Add a row when a user
+finds a new way in. :data:`API_CASES` does the same for library calls that must raise ``ValueError``.
+A few cases run as real processes, to see that stderr holds no traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import tiny_model
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+from hf_vanilla.checkpointing import atomic_directory
+from hf_vanilla.demo import main as demo_main
+from hf_vanilla.training import ModelArguments, PaperSeq2SeqTrainer, PaperTrainingArguments, build_model
+from hf_vanilla.translate import translate, translate_stream
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = "the user's own file\n"
+
+
+def _word_tokenizer(words: int = 96) -> PreTrainedTokenizerFast:
+    """conftest's tokenizer (<pad> 0, <s> 1, </s> 2, <unk> 3, then w0 w1 ...), with ``words`` words."""
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i + 4 for i in range(words)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def script_main(name: str) -> Callable[[list[str]], int]:
+    """``main(argv)`` of ``scripts/<name>.py``, or of ``python -m hf_vanilla.demo`` for ``"demo"``."""
+    if name == "demo":
+        return demo_main
+    return runpy.run_path(str(ROOT / "scripts" / f"{name}.py"))["main"]
+
+
+def _train_argv(data: Path, tokenizer: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--train_files", str(data), "--source_lang", "en", "--target_lang", "de",
+        "--tokenizer_name_or_path", str(tokenizer),
+        "--d_model", "32", "--layers", "2", "--attention_heads", "4", "--ffn_dim", "64",
+        "--max_steps", "2", "--save_steps", "1", "--warmup_steps", "1", "--learning_rate", "1e-3",
+        "--per_device_train_batch_size", "4", "--eval_strategy", "no", "--do_eval", "false",
+        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--dataloader_num_workers", "0",
+        "--output_dir", str(out), *extra,
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class World:
+    """Read-only inputs shared by the cases (copy before damaging)."""
+
+    model: Path  # a tiny model folder with its 100-token tokenizer
+    small_tokenizer: Path  # a 54-token tokenizer with the same special tokens
+    source: Path  # a few sentences to translate
+    data: Path  # a TSV training file
+    run: Path  # a finished 2-step training run: checkpoint-1, checkpoint-2 and the final model
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    root = tmp_path_factory.mktemp("world")
+    tokenizer = _word_tokenizer()
+    tiny_model().save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    _word_tokenizer(50).save_pretrained(root / "small_tokenizer")
+    (root / "source.txt").write_text("w1 w2 w3\nw4\n", encoding="utf-8")
+    (root / "data.tsv").write_text(
+        "".join(f"w{i} w{i + 1} w{i + 2}\tw{i + 2} w{i + 1} w{i}\n" for i in range(16)), encoding="utf-8"
+    )
+    assert script_main("train")(_train_argv(root / "data.tsv", root / "model", root / "run")) == 0
+    return World(
+        root / "model", root / "small_tokenizer", root / "source.txt", root / "data.tsv", root / "run"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The table
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    """A command run on bad input. ``setup(world, tmp)`` prepares the scene and returns the path that
+    must survive unchanged (a file, or a folder whose every file must), ``argv(world, tmp)`` the arguments."""
+
+    script: str
+    argv: Callable[[World, Path], list[str]]
+    message: str
+    setup: Callable[[World, Path], Path]
+    status: int = 1
+
+
+def _file(tmp: Path, name: str = "out.txt") -> Path:
+    (tmp / name).write_text(MARKER, encoding="utf-8")
+    return tmp / name
+
+
+def _folder(tmp: Path, name: str = "out", marker: str = "README.md") -> Path:
+    (tmp / name).mkdir()
+    (tmp / name / marker).write_text(MARKER, encoding="utf-8")
+    return tmp / name
+
+
+def _copy_model(world: World, tmp: Path) -> Path:
+    return Path(shutil.copytree(world.model, tmp / "model"))
+
+
+def _truncated_weights(world: World, tmp: Path) -> Path:
+    weights = _copy_model(world, tmp) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    return _file(tmp)
+
+
+def _damaged_tokenizer(world: World, tmp: Path) -> Path:
+    tokenizer = _copy_model(world, tmp) / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text()[:200], encoding="utf-8")
+    return _file(tmp)
+
+
+def _damaged_checkpoint(world: World, tmp: Path) -> Path:
+    weights = Path(shutil.copytree(world.run / "checkpoint-1", tmp / "ckpt")) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])
+    return _folder(tmp)
+
+
+def _input(tmp: Path, data: bytes) -> Path:
+    (tmp / "in.txt").write_bytes(data)
+    return _file(tmp)
+
+
+def _translate(*extra: str, model: str | None = None) -> Callable[[World, Path], list[str]]:
+    def argv(world: World, tmp: Path) -> list[str]:
+        source = tmp / "in.txt" if (tmp / "in.txt").exists() else world.source
+        chosen = str(tmp / "model") if model == "copy" else model or str(world.model)
+        return ["--model_name_or_path", chosen, "--input_file", str(source), "--output_file", str(tmp / "out.txt"),
+                "--device", "cpu", *extra]  # fmt: skip
+
+    return argv
+
+
+def _evaluate(*extra: str) -> Callable[[World, Path], list[str]]:
+    def argv(world: World, tmp: Path) -> list[str]:
+        return ["--model_name_or_path", str(world.model), "--validation_files", str(world.data), "--source_lang",
+                "en", "--target_lang", "de", "--output_dir", str(tmp / "eval"), "--device", "cpu", *extra]  # fmt: skip
+
+    return argv
+
+
+def _tokenizer_argv(world: World, tmp: Path) -> list[str]:
+    return ["--train_files", str(world.data), "--source_lang", "en", "--target_lang", "de",
+            "--output_dir", str(tmp / "out")]  # fmt: skip
+
+
+def _average(*extra: str, output: str = "out") -> Callable[[World, Path], list[str]]:
+    def argv(world: World, tmp: Path) -> list[str]:
+        out = world.run if output == "run" else tmp / output
+        return ["--run_dir", str(world.run), "--last_n", "2", "--output_dir", str(out), *extra]
+
+    return argv
+
+
+def _train(*extra: str, output: str = "out") -> Callable[[World, Path], list[str]]:
+    def argv(world: World, tmp: Path) -> list[str]:
+        out = world.run if output == "run" else tmp / output
+        return _train_argv(world.data, world.model, out, *extra)
+
+    return argv
+
+
+CLI_CASES: dict[str, Case] = {
+    # No command deletes or overwrites what it did not create (issue 17, items 1 and 2).
+    "average into an existing folder": Case(
+        "average_checkpoints", _average(), "already exists", lambda w, t: _folder(t)
+    ),
+    "average into the run folder itself": Case(
+        "average_checkpoints",
+        _average("--overwrite", output="run"),
+        "holds the checkpoint",
+        lambda w, t: w.run,
+    ),
+    "average a damaged checkpoint with --overwrite": Case(
+        "average_checkpoints",
+        lambda w, t: [
+            "--checkpoints",
+            str(t / "ckpt"),
+            str(w.run / "checkpoint-2"),
+            "--output_dir",
+            str(t / "out"),
+            "--overwrite",
+        ],
+        "is truncated",
+        lambda w, t: _damaged_checkpoint(w, t),
+    ),
+    "translate onto an existing output file": Case(
+        "translate", _translate(), "already exists", lambda w, t: _file(t)
+    ),
+    "translate binary input over an old output": Case(
+        "translate",
+        _translate("--overwrite"),
+        "in.txt, line 2: not UTF-8",
+        lambda w, t: _input(t, b"w1\n\xff\xfe\n"),
+    ),
+    "translate a file with a NUL byte": Case(
+        "translate", _translate("--overwrite"), "line 1: a NUL byte", lambda w, t: _input(t, b"w1\x00w2\n")
+    ),
+    "translate with a smaller tokenizer": Case(
+        "translate",
+        lambda w, t: [*_translate("--overwrite")(w, t), "--tokenizer_name_or_path", str(w.small_tokenizer)],
+        "the tokenizer's vocabulary has 54 tokens but the model's has 100",
+        lambda w, t: _file(t),
+    ),
+    "translate with truncated weights": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "model.safetensors' is truncated",
+        _truncated_weights,
+    ),
+    "translate with a damaged tokenizer.json": Case(
+        "translate", _translate("--overwrite", model="copy"), "tokenizer.json' is damaged", _damaged_tokenizer
+    ),
+    "translate with a missing model folder": Case(
+        "translate",
+        _translate(model="runs/no/such/model"),
+        "no such folder",
+        lambda w, t: _file(t, "other.txt"),
+    ),
+    "evaluate onto existing results": Case(
+        "evaluate_bleu",
+        _evaluate(),
+        "validation.results.json' already exists",
+        lambda w, t: _folder(t, "eval", "validation.results.json") / "validation.results.json",
+    ),
+    "evaluate with a smaller tokenizer over old results": Case(
+        "evaluate_bleu",
+        lambda w, t: [*_evaluate("--overwrite")(w, t), "--tokenizer_name_or_path", str(w.small_tokenizer)],
+        "Tokenizer and model disagree",
+        lambda w, t: _folder(t, "eval", "validation.results.json"),
+    ),
+    "publish over a hand-written README": Case(
+        "publish",
+        lambda w, t: ["--model_name_or_path", str(w.model), "--output_dir", str(t / "out")],
+        "already exists",
+        lambda w, t: _folder(t),
+    ),
+    "publish with --overwrite but no scores": Case(
+        "publish",
+        lambda w, t: ["--model_name_or_path", str(w.model), "--output_dir", str(t / "out"), "--overwrite"],
+        "hf-vanilla-evaluate",
+        lambda w, t: _folder(t),
+    ),
+    "export over an existing folder": Case(
+        "export_ctranslate2",
+        lambda w, t: ["--model_dir", str(w.model), "--output_dir", str(t / "out")],
+        "already exists",
+        lambda w, t: _folder(t),
+    ),
+    "convert over an existing folder": Case(
+        "convert",
+        lambda w, t: ["--source", str(w.model), "--output_dir", str(t / "out")],
+        "already exists",
+        lambda w, t: _folder(t),
+    ),
+    "convert a model that is not Marian or FSMT, --overwrite": Case(
+        "convert",
+        lambda w, t: ["--source", str(w.model), "--output_dir", str(t / "out"), "--overwrite"],
+        "hf_vanilla converts 'marian'",
+        lambda w, t: _folder(t),
+    ),
+    "train a tokenizer too small to exist, --overwrite": Case(
+        "train_tokenizer",
+        lambda w, t: [*_tokenizer_argv(w, t), "--vocab_size", "100", "--overwrite"],
+        "vocab_size >= 260",
+        lambda w, t: _folder(t),
+    ),
+    "train a tokenizer over an existing folder": Case(
+        "train_tokenizer",
+        lambda w, t: [*_tokenizer_argv(w, t), "--vocab_size", "300"],
+        "already exists",
+        lambda w, t: _folder(t),
+    ),
+    "plot over an existing picture": Case(
+        "plot",
+        lambda w, t: ["--positional_encoding", "--output_dir", str(t)],
+        "positional_encoding.png' already exists",
+        lambda w, t: _file(t, "positional_encoding.png"),
+    ),
+    "plot a missing run with --overwrite": Case(
+        "plot",
+        lambda w, t: ["--training_run", str(t / "no-run"), "--output_dir", str(t), "--overwrite"],
+        "no-run",
+        lambda w, t: _file(t, "training_curves.png"),
+    ),
+    "the demo into an existing folder": Case(
+        "demo",
+        lambda w, t: ["--quick", "--output_dir", str(t / "out")],
+        "already exists",
+        lambda w, t: _folder(t),
+    ),
+    "train into a folder that is not empty": Case(
+        "train", _train(), "already exists", lambda w, t: _folder(t)
+    ),
+    "train afresh into a run with checkpoints, --overwrite": Case(
+        "train", _train("--overwrite", output="run"), "already holds checkpoints", lambda w, t: w.run
+    ),
+    # Model, tokenizer and flags must agree (items 3 and 4).
+    "fine-tune with a smaller tokenizer": Case(
+        "train",
+        lambda w, t: [
+            *_train("--model_name_or_path", str(w.model))(w, t),
+            "--tokenizer_name_or_path",
+            str(w.small_tokenizer),
+        ],
+        "has 54 tokens but the model's has 100",
+        lambda w, t: w.model,
+    ),
+    "fine-tune from a folder that does not exist": Case(
+        "train",
+        _train("--model_name_or_path", str(ROOT / "no-such-run")),
+        "does not exist",
+        lambda w, t: w.model,
+    ),
+    "fine-tune a model with other sizes, --overwrite": Case(
+        "train",
+        _train("--model_name_or_path", "MODEL", "--d_model", "64", "--overwrite"),
+        "--d_model 64 (it has d_model 32)",
+        lambda w, t: w.model,
+    ),
+    "resume with another number of layers": Case(
+        "train",
+        _train("--resume_from_checkpoint", "last", "--layers", "3", output="run"),
+        "--layers 3 (it has encoder_layers 2, decoder_layers 2)",
+        lambda w, t: w.run,
+    ),
+    "resume with another dropout": Case(
+        "train",
+        _train("--resume_from_checkpoint", "last", "--dropout", "0.3", output="run"),
+        "--dropout 0.3 (it has dropout 0.1)",
+        lambda w, t: w.run,
+    ),
+    # Options that cannot be met fail before training.
+    "average more checkpoints than the run saves": Case(
+        "train",
+        _train("--average_last_n_checkpoints", "5"),
+        "will have 2 checkpoint(s)",
+        lambda w, t: _file(t),
+    ),
+    "average with no checkpoints saved": Case(
+        "train",
+        _train("--average_last_n_checkpoints", "1", "--save_strategy", "no"),
+        "will have 0 checkpoint(s)",
+        lambda w, t: _file(t),
+    ),
+    "a negative learning rate": Case(
+        "train", _train("--learning_rate", "-1"), "must be >= 0", lambda w, t: _file(t)
+    ),
+}
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return {str(p.relative_to(path) if path.is_dir() else p.name): p.read_bytes() for p in files}
+
+
+@pytest.mark.parametrize("name", list(CLI_CASES))
+def test_bad_input_ends_in_one_line_and_loses_nothing(
+    name: str, world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    case = CLI_CASES[name]
+    kept = case.setup(world, tmp_path)
+    before = _snapshot(kept)
+    argv = [str(world.model) if a == "MODEL" else a for a in case.argv(world, tmp_path)]
+    status = script_main(case.script)(argv)
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    assert status == case.status, err[-2000:]
+    assert last.startswith("error: ") and case.message in last, err[-2000:]
+    assert "Traceback" not in err
+    assert _snapshot(kept) == before  # the user's file or folder is exactly as it was
+    leftovers = [p.name for p in tmp_path.rglob("*") if ".tmp-" in p.name or ".old-" in p.name]
+    assert leftovers == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Library calls that must raise ValueError saying what is wrong
+# --------------------------------------------------------------------------------------------------
+API_CASES: dict[str, tuple[Callable[[], Any], str]] = {
+    "generate() on an empty batch": (
+        lambda: tiny_model().generate(input_ids=torch.zeros(0, 5, dtype=torch.long)),
+        "empty batch",
+    ),
+    "labels above the vocabulary": (
+        lambda: tiny_model()(input_ids=torch.full((1, 4), 5), labels=torch.tensor([[5, 6, 100]])),
+        "`labels` contain token id 100, outside the vocabulary",
+    ),
+    "negative labels other than -100": (
+        lambda: tiny_model().train()(input_ids=torch.full((1, 4), 5), labels=torch.tensor([[5, -100, -3]])),
+        "`labels` contain token id -3",
+    ),
+    "translate() with a smaller tokenizer": (
+        lambda: translate(tiny_model(), _word_tokenizer(50), ["w1 w2"], device="cpu"),
+        "has 54 tokens but the model's has 100",
+    ),
+    "translate() with a larger tokenizer": (
+        lambda: translate(tiny_model(), _word_tokenizer(200), ["w1 w2"], device="cpu"),
+        "has 204 tokens but the model's has 100",
+    ),
+    "translate() with another eos id": (
+        lambda: translate(tiny_model(eos_token_id=3), _word_tokenizer(), ["w1 w2"], device="cpu"),
+        "eos_token_id is 2 in the tokenizer but 3 in the model",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(API_CASES))
+def test_bad_api_input_raises_a_value_error_that_says_so(name: str) -> None:
+    call, message = API_CASES[name]
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        call()
+
+
+def test_labels_at_the_vocabulary_edge_and_ignored_ones_are_accepted() -> None:
+    loss = tiny_model()(input_ids=torch.full((1, 4), 5), labels=torch.tensor([[99, -100, 2]])).loss
+    assert torch.isfinite(loss)
+
+
+# --------------------------------------------------------------------------------------------------
+# Translation: blank lines, chunk boundaries, complete or absent
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("chunk_lines", [1, 2, 3, 100])
+def test_blank_lines_anywhere_and_any_chunk_boundary_keep_the_lines(tmp_path: Path, chunk_lines: int) -> None:
+    model, tokenizer = tiny_model(), _word_tokenizer()
+    lines = ["", "w1 w2", "", "", "w3", "  ", "w4 w5 w6", ""]  # blank first, last, and a whole chunk of them
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    generate_kwargs = {"max_new_tokens": 3}
+    count = translate_stream(
+        model, tokenizer, source, tmp_path / "out.txt", batch_size=2, device="cpu", chunk_lines=chunk_lines,
+        generate_kwargs=generate_kwargs,
+    )  # fmt: skip
+    out = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
+    assert count == len(lines) and out[-1] == "" and len(out) == len(lines) + 1
+    expected = translate(model, tokenizer, lines, batch_size=2, device="cpu", generate_kwargs=generate_kwargs)
+    assert out[:-1] == expected
+    assert [o == "" for o in out[:-1]] == [not line.strip() for line in lines]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+
+
+def test_a_failure_during_translation_leaves_no_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = tiny_model(), _word_tokenizer()
+    source = tmp_path / "in.txt"
+    source.write_text("w1\nw2\nw3\n", encoding="utf-8")
+    calls = {"n": 0}
+    original = model.generate
+
+    def fail_on_the_second_chunk(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("out of memory")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", fail_on_the_second_chunk)
+    for existing in (False, True):
+        if existing:
+            (tmp_path / "out.txt").write_text(MARKER)
+        calls["n"] = 0
+        with pytest.raises(RuntimeError, match="out of memory"):
+            translate_stream(model, tokenizer, source, tmp_path / "out.txt", device="cpu", chunk_lines=2,
+                             generate_kwargs={"max_new_tokens": 2}, overwrite=True)  # fmt: skip
+        # the first chunk was translated, but the output is absent (or the old one), never partial
+        assert sorted(p.name for p in tmp_path.iterdir()) == (
+            ["in.txt", "out.txt"] if existing else ["in.txt"]
+        )
+        if existing:
+            assert (tmp_path / "out.txt").read_text() == MARKER
+
+
+def test_a_failed_folder_write_keeps_the_old_folder(tmp_path: Path) -> None:
+    old = _folder(tmp_path)
+    with pytest.raises(OSError, match="disk full"), atomic_directory(old) as staged:
+        (staged / "model.safetensors").write_bytes(b"partial")
+        raise OSError("disk full")
+    assert _snapshot(old) == {"README.md": MARKER.encode()}
+
+
+# --------------------------------------------------------------------------------------------------
+# Flags applied where meaningful, warnings before training
+# --------------------------------------------------------------------------------------------------
+def test_fine_tuning_applies_and_logs_a_new_dropout(world: World, caplog: pytest.LogCaptureFixture) -> None:
+    args = ModelArguments(model_name_or_path=str(world.model), dropout=0.3)
+    with caplog.at_level(logging.WARNING, logger="hf_vanilla"):
+        model = build_model(args, _word_tokenizer())
+    assert model.config.dropout == 0.3
+    assert {m.dropout for m in model.modules() if hasattr(m, "dropout") and isinstance(m.dropout, float)} >= {
+        0.3
+    }
+    assert "with --dropout 0.3 instead of its dropout 0.1" in caplog.text
+    same = build_model(
+        ModelArguments(model_name_or_path=str(world.model), d_model=32, layers=2), _word_tokenizer()
+    )
+    assert same.config.dropout == 0.1  # sizes equal to the model's are accepted
+
+
+def test_a_zero_learning_rate_is_warned_about_before_training(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    args = PaperTrainingArguments(
+        output_dir=str(tmp_path),
+        learning_rate=0.0,
+        max_steps=1,
+        eval_strategy="no",
+        report_to="none",
+        use_cpu=True,
+    )
+    with caplog.at_level(logging.WARNING, logger="hf_vanilla"):
+        PaperSeq2SeqTrainer(model=tiny_model(), args=args, processing_class=_word_tokenizer())
+    assert "--learning_rate is 0: training will not change the weights" in caplog.text
+
+
+# --------------------------------------------------------------------------------------------------
+# Real processes: no traceback for a user error; --debug shows it
+# --------------------------------------------------------------------------------------------------
+def test_a_user_error_in_a_process_is_one_line_and_debug_shows_the_traceback(
+    world: World, tmp_path: Path
+) -> None:
+    (tmp_path / "in.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(ROOT / "scripts" / "translate.py"), "--model_name_or_path", str(world.model),
+               "--input_file", str(tmp_path / "in.txt"), "--output_file", str(tmp_path / "out.txt"), "--device", "cpu"]  # fmt: skip
+    plain = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 1
+    assert "Traceback" not in plain.stderr
+    assert (
+        plain.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'in.txt'}, line 1: not UTF-8")
+    )
+    debug = subprocess.run([*command, "--debug"], env=env, capture_output=True, text=True, timeout=300)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
+    assert not (tmp_path / "out.txt").exists()
