@@ -1,10 +1,11 @@
 """hf_vanilla: the original Transformer (Vaswani et al., 2017) as a Hugging Face transformers model.
 
 Importing the package registers ``vanilla_transformer`` with ``AutoConfig``, ``AutoModel`` and
-``AutoModelForSeq2SeqLM``.
+``AutoModelForSeq2SeqLM``, and the ``vanilla-translation`` pipeline with transformers' pipeline registry.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers.pipelines import PIPELINE_REGISTRY
 
 from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from .modeling_vanilla_transformer import (
@@ -12,6 +13,8 @@ from .modeling_vanilla_transformer import (
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
 )
+from .pipeline_vanilla_transformer import TASK as PIPELINE_TASK
+from .pipeline_vanilla_transformer import VanillaTranslationPipeline
 
 __version__ = "0.1.0"
 
@@ -20,12 +23,18 @@ AutoModel.register(VanillaTransformerConfig, VanillaTransformerModel, exist_ok=T
 AutoModelForSeq2SeqLM.register(
     VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, exist_ok=True
 )
+if PIPELINE_TASK not in PIPELINE_REGISTRY.supported_tasks:
+    PIPELINE_REGISTRY.register_pipeline(
+        PIPELINE_TASK, pipeline_class=VanillaTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+    )
 
 __all__ = [
+    "PIPELINE_TASK",
     "PRESETS",
     "VanillaTransformerConfig",
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerModel",
     "VanillaTransformerPreTrainedModel",
+    "VanillaTranslationPipeline",
     "__version__",
 ]

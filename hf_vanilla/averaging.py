@@ -27,6 +27,7 @@ from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
 from hf_vanilla.checkpointing import atomic_directory, refuse_to_replace, verify_safetensors_file
+from hf_vanilla.hub import save_model_folder
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ def average_checkpoints(
     model = AutoModelForSeq2SeqLM.from_pretrained(newest)
     _load_into_model(model, averaged, str(newest))
     with atomic_directory(output_dir) as staged:  # an old average stays whole until the new one is
-        model.save_pretrained(staged)
+        save_model_folder(model, None, staged)  # self-contained: the modeling code travels with it
         copied = []
         for name in TOKENIZER_FILES:
             if (newest / name).is_file():

@@ -36,13 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from huggingface_hub import ModelCard, snapshot_download
+from huggingface_hub import ModelCard, ModelCardData, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 from transformers import AutoConfig, FSMTForConditionalGeneration, MarianMTModel, PreTrainedModel
 
 from .checkpointing import atomic_directory, refuse_to_replace
 from .cli import OVERWRITE_HELP
 from .configuration_vanilla_transformer import _ACTIVATIONS, VanillaTransformerConfig
+from .hub import save_model_folder
 from .modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     sinusoidal_position_encoding,
@@ -395,16 +396,47 @@ def _copy_side_files(source: Path, output_dir: Path) -> list[str]:
     return copied
 
 
-def _write_model_card(source: str, source_format: str, output_dir: Path) -> None:
+_USAGE = """
+## Usage
+
+The folder carries the hf_vanilla modeling code (`trust_remote_code=True`), so hf_vanilla need not be
+installed; with `import hf_vanilla`, its own classes are used instead.
+
+```python
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+model = AutoModelForSeq2SeqLM.from_pretrained("{folder}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{folder}", trust_remote_code=True)
+batch = tokenizer(["{example}"], return_tensors="pt")
+print(tokenizer.batch_decode(model.generate(**batch, max_new_tokens=64), skip_special_tokens=True))
+```
+
+The pipeline: `pipeline("vanilla-translation", model="{folder}", trust_remote_code=True)` (transformers 5
+removed its own `translation` pipeline).
+"""
+
+
+def _write_model_card(
+    source: str, source_format: str, output_dir: Path, final_dir: Path, from_hub: bool
+) -> None:
+    """The card, written into ``output_dir`` (its usage example loads ``final_dir``, where the folder ends
+    up): the original's license and languages, ``base_model`` (a Hub source), ``pipeline_tag``."""
     original = output_dir / "ORIGINAL_README.md"
-    license_name = ModelCard.load(original).data.get("license") if original.is_file() else None
+    original_data = ModelCard.load(original).data if original.is_file() else ModelCardData()
+    license_name = original_data.license
+    data = ModelCardData(
+        license=license_name,
+        license_name=original_data.get("license_name"),
+        license_link=original_data.get("license_link"),
+        language=original_data.language,
+        base_model=source if from_hub else None,
+        base_model_relation="finetune" if from_hub else None,
+        library_name="transformers",
+        pipeline_tag="translation",
+        tags=["hf_vanilla", "translation"],
+    )
     card = ModelCard(
-        (
-            "---\n"
-            + (f"license: {license_name}\n" if license_name else "")
-            + "tags:\n- hf_vanilla\n- translation\n---\n"
-        )
-        + f"# {source}, converted to hf_vanilla\n\n"
+        f"---\n{data.to_yaml()}\n---\n" + f"# {source}, converted to hf_vanilla\n\n"
         f"These are the weights of `{source}` ({SOURCE_FORMATS[source_format].__name__}), converted by "
         "hf_vanilla into a `VanillaTransformerForConditionalGeneration` (same logits, same translations). "
         "Conversion changes the file format, not the terms: the model keeps the original model's license"
@@ -412,6 +444,7 @@ def _write_model_card(source: str, source_format: str, output_dir: Path) -> None
         "(see `ORIGINAL_README.md`"
         + (" and the license files" if any(output_dir.glob("LICENSE*")) else "")
         + ").\n"
+        + _USAGE.format(folder=final_dir, example="Hello world.")
     )
     card.save(output_dir / "README.md")
 
@@ -435,9 +468,9 @@ def convert(
     model, model_type = load_source_model(folder, source_format)
     converted = convert_model(model)
     with atomic_directory(output_dir) as staged:
-        converted.save_pretrained(staged)
+        save_model_folder(converted, None, staged)
         copied = _copy_side_files(folder, staged)
-        _write_model_card(source, model_type, staged)
+        _write_model_card(source, model_type, staged, output_dir, from_hub=not Path(source).is_dir())
     if not any(name.startswith(("tokenizer", "vocab", "source.spm", "spiece")) for name in copied):
         logger.warning(
             "No tokenizer files found in %s: add the tokenizer to %s yourself.", folder, output_dir

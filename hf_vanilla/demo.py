@@ -15,7 +15,8 @@ training and test numbers do not overlap; the score that matters is exact-match 
 held-out numbers, with BLEU and chrF reported alongside.
 
 Written to ``--output_dir``: the model (``model.safetensors``, ``config.json``,
-``generation_config.json``), the tokenizer, a model card (``README.md``), ``demo_results.json``,
+``generation_config.json`` and the modeling code, so it loads with ``trust_remote_code=True`` where
+hf_vanilla is not installed), the tokenizer, a model card (``README.md``), ``demo_results.json``,
 ``test_translations.tsv`` and the pictures ``training_curves.png``, ``positional_encoding.png``,
 ``cross_attention_grid.png`` and ``cross_attention_mean.png``.
 """

@@ -10,7 +10,7 @@
   is not installed (transformers alone maps only the saved class and ``AutoConfig``; the model's
   ``save_pretrained`` adds ``AutoModel``, and the folder is checked for all three);
 * the tokenizer files;
-* ``README.md``: the model card rendered from the Jinja template ``model_card.md`` with YAML metadata
+* ``README.md``: the model card rendered from the Jinja template ``hf_vanilla/templates/model_card.md`` with YAML metadata
   (languages, license, tags, datasets, metrics and a ``model-index`` with the measured scores) and the
   data's terms of use.
 
@@ -21,10 +21,11 @@ raises :class:`HubPushError`, whose message says that the local folder is kept a
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,12 @@ from typing import Any
 import huggingface_hub
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
+from transformers.dynamic_module_utils import custom_object_save
 
-from hf_vanilla.checkpointing import atomic_directory, refuse_to_replace
+from hf_vanilla.checkpointing import PICKLE_SUFFIXES, atomic_directory, refuse_to_replace
 from hf_vanilla.cli import OVERWRITE_HELP
+from hf_vanilla.pipeline_vanilla_transformer import TASK as PIPELINE_TASK
+from hf_vanilla.pipeline_vanilla_transformer import VanillaTranslationPipeline
 from hf_vanilla.translate import EARLY_STOPPING
 
 logger = logging.getLogger(__name__)
@@ -47,11 +51,15 @@ __all__ = [
     "PublishArguments",
     "dataset_card_from_args",
     "default_template_path",
+    "finish_model_folder",
+    "limit_tokenizer_length",
     "load_results",
     "publish",
     "push_to_hub",
+    "registered_for_remote_code",
     "render_model_card",
     "save_for_hub",
+    "save_model_folder",
     "summarize_training",
 ]
 
@@ -108,16 +116,8 @@ class HubPushError(OSError):
 
 
 def default_template_path() -> Path:
-    """The Jinja model-card template: ``hf_vanilla/templates/model_card.md`` when the package ships one,
-    else ``model_card.md`` at the root of the source checkout."""
-    package = Path(__file__).resolve().parent
-    for candidate in (package / "templates" / "model_card.md", package.parent / "model_card.md"):
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"No model-card template found in {package / 'templates'} or {package.parent}: pass template_path= "
-        "(the repository's model_card.md)."
-    )
+    """The Jinja model-card template shipped in the package, ``hf_vanilla/templates/model_card.md``."""
+    return Path(__file__).resolve().parent / "templates" / "model_card.md"
 
 
 def render_model_card(
@@ -126,7 +126,7 @@ def render_model_card(
     decoding: dict[str, Any],
     source_lang: str,
     target_lang: str,
-    dataset: DatasetCard = MULTI30K,
+    dataset: DatasetCard,
     repo_id: str = "path/to/this/folder",
     model_name: str | None = None,
     num_parameters: int | None = None,
@@ -146,7 +146,8 @@ def render_model_card(
             "chrf_signature": ..., "num_segments": ...}``).
         decoding: the decoding settings used for the scores (``DecodingOptions.to_dict()``).
         source_lang / target_lang: ISO 639-1 codes.
-        dataset: the data's name, link, terms and the resulting license of the weights.
+        dataset: the data's name, link, terms and the resulting license of the weights (no default:
+            the card must name the data the model was trained on).
         code_url: where the hf_vanilla code lives (linked from the card when given).
     """
     required = ("split", "bleu", "chrf", "bleu_signature", "chrf_signature", "num_segments")
@@ -222,31 +223,32 @@ def render_model_card(
     )
 
 
-def save_for_hub(
-    model: Any,
-    tokenizer: Any,
-    folder: str | Path,
-    card: ModelCard,
-    metadata: dict[str, Any] | None = None,
-) -> Path:
-    """Write everything that would be pushed into ``folder`` and return it.
+#: ``config.json``'s entry that lets ``pipeline(TASK, model=folder, trust_remote_code=True)`` find the
+#: pipeline class in the folder (what ``Pipeline.save_pretrained`` writes for a registered pipeline).
+CUSTOM_PIPELINES = {
+    PIPELINE_TASK: {
+        "impl": f"{VanillaTranslationPipeline.__module__.rsplit('.', 1)[-1]}.{VanillaTranslationPipeline.__name__}",
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "type": "text",
+    }
+}
 
-    The model's classes are registered for the Auto classes only while saving (the previous
-    registration and ``config.auto_map`` are restored afterwards), so later checkpoints written by the
-    same process do not start carrying code files. ``metadata`` (e.g. scores and decoding settings)
-    is written to ``hub_metadata.json`` next to the card.
-    """
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+
+@contextlib.contextmanager
+def registered_for_remote_code(model: Any) -> Iterator[None]:
+    """While inside, ``model.save_pretrained`` writes the modeling code (and its relative imports,
+    ``fast_paths.py``), an ``auto_map`` for ``AutoConfig``, ``AutoModel`` and ``AutoModelForSeq2SeqLM``,
+    and the pipeline entry. The classes' registration and the config are restored afterwards."""
     model_cls, config_cls = type(model), type(model.config)
     saved_state = (model_cls.__dict__.get("_auto_class"), config_cls.__dict__.get("_auto_class"))
-    saved_auto_map = getattr(model.config, "auto_map", None)
+    saved = {key: model.config.__dict__.get(key) for key in ("auto_map", "custom_pipelines")}
     try:
         # The model's save_pretrained maps AutoConfig, AutoModel and AutoModelForSeq2SeqLM once registered
         # (transformers alone would map only the saved class and AutoConfig); _check_folder verifies it.
         model.config.register_for_auto_class("AutoConfig")
         model.register_for_auto_class("AutoModelForSeq2SeqLM")
-        model.save_pretrained(folder)
+        model.config.custom_pipelines = CUSTOM_PIPELINES
+        yield
     finally:
         for cls, value in zip((model_cls, config_cls), saved_state, strict=True):
             if value is None:
@@ -254,44 +256,94 @@ def save_for_hub(
                     delattr(cls, "_auto_class")
             else:
                 cls._auto_class = value
-        if saved_auto_map is None:
-            model.config.__dict__.pop("auto_map", None)
-        else:
-            model.config.auto_map = saved_auto_map
-    tokenizer.save_pretrained(folder)
+        for key, value in saved.items():
+            if value is None:
+                model.config.__dict__.pop(key, None)
+            else:
+                setattr(model.config, key, value)
+
+
+def limit_tokenizer_length(tokenizer: Any, config: Any) -> None:
+    """Set ``tokenizer.model_max_length`` (unset: 1e30) to the model's ``max_position_embeddings``, the
+    longest input the model is meant for, so that ``truncation=True`` and the length warning use it."""
+    if tokenizer.model_max_length > config.max_position_embeddings:
+        tokenizer.model_max_length = config.max_position_embeddings
+
+
+def finish_model_folder(folder: str | Path) -> None:
+    """Copy the pipeline code into a folder saved inside :func:`registered_for_remote_code`, then check it:
+    weights in safetensors, ``auto_map`` with its code files, no pickle."""
+    folder = Path(folder)
+    custom_object_save(VanillaTranslationPipeline, folder)
+    _check_folder(folder)
+
+
+def save_model_folder(model: Any, tokenizer: Any | None, folder: str | Path) -> Path:
+    """The one writer of hf_vanilla model folders (demo, training output, averaged and converted models,
+    the Hub folder): ``model.safetensors``, ``config.json`` with ``auto_map`` and ``custom_pipelines``,
+    the modeling, configuration, fast-path and pipeline code, ``generation_config.json`` and the tokenizer
+    (its ``model_max_length`` set by :func:`limit_tokenizer_length`). It loads with
+    ``AutoModelForSeq2SeqLM`` / ``AutoTokenizer`` ``.from_pretrained(folder, trust_remote_code=True)``
+    and ``pipeline("vanilla-translation", model=folder, trust_remote_code=True)`` where hf_vanilla is
+    not installed; with hf_vanilla imported, its own classes are used instead.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with registered_for_remote_code(model):
+        model.save_pretrained(folder)
+    if tokenizer is not None:
+        limit_tokenizer_length(tokenizer, model.config)
+        tokenizer.save_pretrained(folder)
+    finish_model_folder(folder)
+    return folder
+
+
+def save_for_hub(
+    model: Any,
+    tokenizer: Any,
+    folder: str | Path,
+    card: ModelCard,
+    metadata: dict[str, Any] | None = None,
+) -> Path:
+    """Write everything that would be pushed into ``folder`` and return it: the model folder of
+    :func:`save_model_folder`, the card as ``README.md`` and ``metadata`` (e.g. scores and decoding
+    settings) as ``hub_metadata.json``.
+
+    The model's classes are registered for the Auto classes only while saving, so later checkpoints
+    written by the same process are not changed by it.
+    """
+    folder = save_model_folder(model, tokenizer, folder)
     card.save(folder / "README.md")
     if metadata is not None:
         (folder / "hub_metadata.json").write_text(
             json.dumps(metadata, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
         )
-    _check_folder(folder)
+    _check_folder(folder, needed=("README.md", "tokenizer_config.json"))
     logger.info("Wrote the Hub folder %s", folder)
     return folder
 
 
-def _check_folder(folder: Path) -> None:
-    """Fail loudly if the folder lacks a piece a user of the Hub repo needs."""
-    needed = [
-        "model.safetensors",
-        "config.json",
-        "generation_config.json",
-        "README.md",
-        "tokenizer_config.json",
-    ]
+def _check_folder(folder: Path, needed: Sequence[str] = ()) -> None:
+    """Fail loudly if the folder lacks a piece a user of the model needs, or holds a pickle."""
+    needed = ["model.safetensors", "config.json", "generation_config.json", *needed]
     missing = [name for name in needed if not (folder / name).is_file()]
+    pickles = sorted(path.name for path in folder.iterdir() if path.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise RuntimeError(
+            f"The model folder {folder} holds pickled files {pickles}: write them as safetensors/JSON."
+        )
     auto_map = json.loads((folder / "config.json").read_text()).get("auto_map", {})
     missing += [
         f"auto_map[{key}]"
         for key in ("AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM")
         if key not in auto_map
     ]
+    code = [*auto_map.values(), *(task["impl"] for task in CUSTOM_PIPELINES.values())]
     missing += [
-        f"{entry.split('.')[0]}.py"
-        for entry in auto_map.values()
-        if not (folder / f"{entry.split('.')[0]}.py").is_file()
+        f"{entry.split('.')[0]}.py" for entry in code if not (folder / f"{entry.split('.')[0]}.py").is_file()
     ]
     if missing:
-        raise RuntimeError(f"The Hub folder {folder} is incomplete, missing: {missing}.")
+        raise RuntimeError(f"The model folder {folder} is incomplete, missing: {missing}.")
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
@@ -324,7 +376,7 @@ def push_to_hub(
         raise FileNotFoundError(f"{folder} is not a saved model folder: write it first with save_for_hub.")
     later = (
         f"The local folder {folder} is kept. Push it later, when online and logged in (`hf auth login`), with\n"
-        f"  python scripts/publish.py --push_only --output_dir {folder} --push_to_hub --hub_model_id {repo_id}\n"
+        f"  hf-vanilla-publish --push_only --output_dir {folder} --push_to_hub --hub_model_id {repo_id}\n"
         f"or\n  hf upload {repo_id} {folder} ."
     )
     if huggingface_hub.constants.HF_HUB_OFFLINE:
@@ -343,7 +395,7 @@ def push_to_hub(
 
 
 # --------------------------------------------------------------------------------------------------
-# The publish command (scripts/publish.py)
+# The publish command (hf-vanilla-publish, scripts/publish.py)
 # --------------------------------------------------------------------------------------------------
 
 KNOWN_DATASETS = {"multi30k": MULTI30K}
@@ -362,7 +414,7 @@ class PublishArguments:
     results_files: list[str] | None = field(
         default=None,
         metadata={
-            "help": "One or more <split>.results.json written by scripts/evaluate_bleu.py (scores for the card)."
+            "help": "One or more <split>.results.json written by hf-vanilla-evaluate (scores for the card)."
         },
     )
     push_to_hub: bool = field(
@@ -376,10 +428,11 @@ class PublishArguments:
         default=False, metadata={"help": "Push an already written --output_dir without rebuilding it."}
     )
     overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
-    dataset: str = field(
-        default="multi30k",
+    dataset: str | None = field(
+        default=None,
         metadata={
-            "help": f"Data card: one of {sorted(KNOWN_DATASETS)} or 'custom' (then give --data_terms etc.)."
+            "help": f"Required unless --push_only: the training data, one of {sorted(KNOWN_DATASETS)} or 'custom' "
+            "(then give --dataset_id, --data_terms and --weights_license)."
         },
     )
     dataset_id: str | None = field(
@@ -405,12 +458,17 @@ class PublishArguments:
     code_url: str | None = field(default=None, metadata={"help": "Link to the hf_vanilla code on the card."})
     model_card_template: str | None = field(
         default=None,
-        metadata={"help": "Jinja template of the card; default: the repository's model_card.md."},
+        metadata={"help": "Jinja template of the card; default: hf_vanilla/templates/model_card.md."},
     )
 
 
 def dataset_card_from_args(args: PublishArguments) -> DatasetCard:
     """The data card named by ``--dataset``, or a custom one from ``--dataset_id`` etc."""
+    if args.dataset is None:
+        raise ValueError(
+            f"--dataset is required: name the training data ({', '.join(sorted(KNOWN_DATASETS))}, or 'custom' with "
+            "--dataset_id, --data_terms and --weights_license); the card states its terms and the weights' license."
+        )
     if args.dataset in KNOWN_DATASETS:
         return KNOWN_DATASETS[args.dataset]
     if args.dataset != "custom":
@@ -436,7 +494,7 @@ def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     """Read evaluation results; all must share languages and decoding settings."""
     if not paths:
         raise ValueError(
-            "The model card needs measured scores: run scripts/evaluate_bleu.py first and pass its "
+            "The model card needs measured scores: run hf-vanilla-evaluate first and pass its "
             "<split>.results.json with --results_files."
         )
     results = [json.loads(Path(path).read_text(encoding="utf-8")) for path in paths]
@@ -447,7 +505,7 @@ def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
                 f"The results files disagree on {key!r} ({sorted(values)}): publish one setting at a time."
             )
         if results[0].get(key) is None:
-            raise ValueError(f"{paths[0]} has no {key!r}: write it with scripts/evaluate_bleu.py.")
+            raise ValueError(f"{paths[0]} has no {key!r}: write it with hf-vanilla-evaluate.")
     return results
 
 

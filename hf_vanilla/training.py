@@ -59,6 +59,7 @@ from transformers import (
 )
 from transformers.integrations import is_tensorboard_available
 from transformers.optimization import _get_inverse_sqrt_schedule_lr_lambda
+from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import EvalLoopOutput
 
 from hf_vanilla.averaging import average_last_checkpoints, checkpoint_step
@@ -75,6 +76,7 @@ from hf_vanilla.checkpointing import (
 from hf_vanilla.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from hf_vanilla.data import DataArguments, load_from_args
 from hf_vanilla.evaluation import compute_bleu_chrf
+from hf_vanilla.hub import finish_model_folder, limit_tokenizer_length, registered_for_remote_code
 from hf_vanilla.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla.tokenization import (
     check_tokenizer_matches_config,
@@ -84,6 +86,9 @@ from hf_vanilla.tokenization import (
 )
 
 logger = logging.getLogger(__name__)
+
+#: The training arguments, as JSON, in every model folder the Trainer writes (instead of a pickle).
+TRAINING_ARGS_JSON = "training_args.json"
 
 __all__ = [
     "ModelArguments",
@@ -364,6 +369,9 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             )
         if self.max_tokens == 0:
             self.max_tokens = None  # sentence-count batches (per_device_train_batch_size)
+        if self.device.type == "cpu":
+            # Pinned memory only speeds up copies to an accelerator; on the CPU the DataLoader warns about it.
+            self.dataloader_pin_memory = False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -540,6 +548,22 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
             return super().evaluation_loop(*args, **kwargs)
         finally:
             self.gather_function = trainer_gather  # this evaluation only
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Every model folder the Trainer writes (checkpoints, the final model) is self-contained, as
+        :func:`hf_vanilla.hub.save_model_folder` writes it: the modeling and pipeline code with an
+        ``auto_map``, the tokenizer's ``model_max_length`` from the model, and the training arguments as
+        ``training_args.json`` instead of the Trainer's pickled ``training_args.bin``."""
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        if self.processing_class is not None:
+            limit_tokenizer_length(self.processing_class, model.config)
+        with registered_for_remote_code(model):
+            super()._save(output_dir, state_dict)
+        if self.args.should_save:
+            folder = Path(output_dir if output_dir is not None else self.args.output_dir)
+            (folder / TRAINING_ARGS_NAME).unlink(missing_ok=True)
+            (folder / TRAINING_ARGS_JSON).write_text(self.args.to_json_string() + "\n", encoding="utf-8")
+            finish_model_folder(folder)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,37 +1,12 @@
 """Convert a trained OPUS-MT (Marian) or fairseq WMT (FSMT) model into an hf_vanilla model folder.
 
-    python scripts/convert.py --source Helsinki-NLP/opus-mt-de-en --output_dir runs/opus-mt-de-en
-    python scripts/convert.py --source facebook/wmt19-de-en --source_format fsmt --output_dir runs/wmt19-de-en
-    python scripts/convert.py --source path/to/marian_folder --output_dir runs/converted
-
-The result loads with `AutoModelForSeq2SeqLM.from_pretrained(output_dir)` after `import hf_vanilla`,
-gives the original's logits and translations, and keeps the original model's license.
+A thin wrapper of `hf_vanilla.cli.convert`, installed by `pip install` as the command
+`hf-vanilla-convert` (see pyproject.toml); `--help` lists the options.
 """
 
-from __future__ import annotations
-
-import logging
 import sys
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.cli import DEBUG_EPILOG, run_cli
-from hf_vanilla.convert import ConversionArguments, convert_from_args
-
-logger = logging.getLogger("convert")
-
-
-def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser(ConversionArguments, description=__doc__, epilog=DEBUG_EPILOG)
-    (args,) = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    convert_from_args(args)
-    logger.info("Converted %s into %s", args.source, args.output_dir)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run_cli(_run, argv)
-
+from hf_vanilla.cli.convert import main
 
 if __name__ == "__main__":
     sys.exit(main())

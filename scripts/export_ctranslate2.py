@@ -1,36 +1,12 @@
 """Write a CTranslate2 model from an hf_vanilla model folder (needs `pip install 'hf_vanilla[ct2]'`).
 
-    python scripts/export_ctranslate2.py --model_dir runs/opus-mt-de-en --output_dir runs/opus-mt-de-en-ct2
-    python scripts/export_ctranslate2.py --model_dir runs/base --output_dir runs/base-ct2 --quantization int8
-
-Translate with `ctranslate2.Translator(output_dir).translate_batch(tokens, beam_size=4)`, where `tokens`
-are the tokenizer's token strings (`tokenizer.convert_ids_to_tokens(tokenizer(text).input_ids)`).
+A thin wrapper of `hf_vanilla.cli.export_ctranslate2`, installed by `pip install` as the command
+`hf-vanilla-export-ct2` (see pyproject.toml); `--help` lists the options.
 """
 
-from __future__ import annotations
-
-import logging
 import sys
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.cli import DEBUG_EPILOG, run_cli
-from hf_vanilla.export_ctranslate2 import ExportArguments, export_from_args
-
-logger = logging.getLogger("export_ctranslate2")
-
-
-def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser(ExportArguments, description=__doc__, epilog=DEBUG_EPILOG)
-    (args,) = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    export_from_args(args)
-    logger.info("Exported %s to %s", args.model_dir, args.output_dir)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run_cli(_run, argv)
-
+from hf_vanilla.cli.export_ctranslate2 import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,66 +1,12 @@
-r"""Write the folder that would be pushed to the Hugging Face Hub, and push it when asked.
+"""Write the folder that would be pushed to the Hugging Face Hub, and push it when asked.
 
-    python scripts/evaluate_bleu.py --model_name_or_path runs/base --validation_files DATA/val ...
-    python scripts/publish.py --model_name_or_path runs/base --output_dir runs/base/hub \
-        --results_files runs/base/eval/validation.results.json
-    # later, online and logged in (`hf auth login`):
-    python scripts/publish.py --push_only --output_dir runs/base/hub --push_to_hub --hub_model_id user/name
-
-The folder holds model.safetensors, config.json (auto_map for AutoConfig, AutoModel and
-AutoModelForSeq2SeqLM), the modeling code, generation_config.json, the tokenizer and README.md (the model
-card rendered from model_card.md, with the scores, the decoding settings and the data's terms of use).
-An existing --output_dir is kept unless --overwrite is given; then it is replaced whole.
+A thin wrapper of `hf_vanilla.cli.publish`, installed by `pip install` as the command
+`hf-vanilla-publish` (see pyproject.toml); `--help` lists the options.
 """
 
-from __future__ import annotations
-
-import argparse
-import logging
 import sys
-from dataclasses import dataclass, field
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.checkpointing import refuse_to_replace
-from hf_vanilla.cli import DEBUG_EPILOG, run_cli
-from hf_vanilla.hub import PublishArguments, publish
-from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
-
-
-@dataclass
-class OptionalModelArguments(ModelArguments):
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "The trained model folder (not needed with --push_only)."}
-    )
-    device: str = field(default="cpu", metadata={"help": "Where to load the model while saving it."})
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
-
-
-def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser(
-        (OptionalModelArguments, PublishArguments),
-        description=__doc__,
-        epilog=DEBUG_EPILOG,
-        formatter_class=_Formatter,
-    )
-    model_args, args = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    model = tokenizer = None
-    if not args.push_only:
-        if not model_args.model_name_or_path:
-            parser.error("--model_name_or_path is required unless --push_only.")
-        refuse_to_replace(args.output_dir, args.overwrite, "--output_dir")  # before loading anything
-        model, tokenizer = load_model_and_tokenizer(model_args)
-    folder = publish(model, tokenizer, args, model_dir=model_args.model_name_or_path)
-    print(folder)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run_cli(_run, argv)
-
+from hf_vanilla.cli.publish import main
 
 if __name__ == "__main__":
     sys.exit(main())

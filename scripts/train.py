@@ -1,41 +1,12 @@
 """Train the Transformer with the paper's recipe (§5): Adam(0.9, 0.98, 1e-9), Eq. (3) learning rate with
-4000 warmup steps, dropout 0.1, label smoothing 0.1, token-budget batches, BLEU during training (§6.1).
 
-    python scripts/train.py --demo --preset base --d_model 64 --layers 2 --max_steps 2000 --output_dir runs/demo
-    python scripts/train.py --train_files data/train --validation_files data/val --source_lang en \\
-        --target_lang de --max_tokens 4096 --output_dir runs/base
-    python scripts/train.py ... --resume_from_checkpoint last   # continue the run in --output_dir
-
-Ctrl-C (or SIGTERM) saves a checkpoint of the current step and exits; a second Ctrl-C exits at once.
-A fresh run needs an empty or new --output_dir (--overwrite: a folder without checkpoints).
-
-Every option and its paper default: `python scripts/train.py --help`.
+A thin wrapper of `hf_vanilla.cli.train`, installed by `pip install` as the command
+`hf-vanilla-train` (see pyproject.toml); `--help` lists the options.
 """
-
-from __future__ import annotations
 
 import sys
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.cli import run_cli
-from hf_vanilla.data import DataArguments
-from hf_vanilla.training import ModelArguments, PaperTrainingArguments, run_training, setup_logging
-
-
-def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser(
-        (ModelArguments, DataArguments, PaperTrainingArguments),
-        epilog="An error ends in one line; --log_level debug shows its traceback.",
-    )
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    setup_logging(training_args)
-    run_training(model_args, data_args, training_args)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run_cli(_run, argv, debug_flag=False)  # --debug is TrainingArguments' own option here
-
+from hf_vanilla.cli.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

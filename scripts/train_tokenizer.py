@@ -1,49 +1,12 @@
 """Train the shared source+target byte-level BPE tokenizer (§5.1: ~37000 tokens for EN-DE).
 
-    python scripts/train_tokenizer.py --train_files /work/shared/data/multi30k/train \
-        --source_lang en --target_lang de --vocab_size 8000 --output_dir runs/tokenizer-multi30k
-    python scripts/train_tokenizer.py --dataset_name wmt14 --dataset_config_name de-en --output_dir runs/tok
-    python scripts/train_tokenizer.py --demo --vocab_size 300 --output_dir runs/tokenizer-demo
-
-The result loads with `AutoTokenizer.from_pretrained(output_dir)`.
+A thin wrapper of `hf_vanilla.cli.train_tokenizer`, installed by `pip install` as the command
+`hf-vanilla-train-tokenizer` (see pyproject.toml); `--help` lists the options.
 """
 
-from __future__ import annotations
-
-import logging
 import sys
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.checkpointing import refuse_to_replace, save_pretrained_atomic
-from hf_vanilla.cli import DEBUG_EPILOG, run_cli
-from hf_vanilla.data import DataArguments, load_from_args
-from hf_vanilla.tokenization import TokenizerArguments, train_tokenizer_from_dataset
-
-logger = logging.getLogger("train_tokenizer")
-
-
-def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser((DataArguments, TokenizerArguments), description=__doc__, epilog=DEBUG_EPILOG)
-    data_args, tok_args = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    refuse_to_replace(tok_args.output_dir, tok_args.overwrite, "--output_dir")  # before any work
-    data = load_from_args(data_args)
-    tokenizer = train_tokenizer_from_dataset(
-        data,
-        data_args.source_lang,
-        data_args.target_lang,
-        vocab_size=tok_args.vocab_size,
-        min_frequency=tok_args.min_frequency,
-        split=tok_args.split,
-    )
-    save_pretrained_atomic(tok_args.output_dir, tokenizer)
-    logger.info("Saved a %d-token tokenizer to %s", len(tokenizer), tok_args.output_dir)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run_cli(_run, argv)
-
+from hf_vanilla.cli.train_tokenizer import main
 
 if __name__ == "__main__":
     sys.exit(main())

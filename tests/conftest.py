@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -70,3 +73,43 @@ def tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
+
+
+#: Prepended to code run "where hf_vanilla is not installed": the editable install stays on sys.path, so
+#: the import is refused instead.
+BLOCK_HF_VANILLA = r"""
+import sys
+
+class _BlockHfVanilla:
+    def find_spec(self, name, path=None, target=None):
+        if name == "hf_vanilla" or name.startswith("hf_vanilla."):
+            raise ModuleNotFoundError(f"blocked: {name}")
+
+sys.meta_path.insert(0, _BlockHfVanilla())
+"""
+
+
+def run_clean(code: str, cwd: Path, *args: str, block_hf_vanilla: bool = True) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter, offline, without progress bars, stdin closed (an interactive
+    prompt would print and then read EOF), with hf_vanilla not importable unless ``block_hf_vanilla`` is
+    false. Fails the test with the process's stderr if it exits non-zero."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_MODULES_CACHE=str(cwd / ".hf_modules"),
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    source = (BLOCK_HF_VANILLA if block_hf_vanilla else "") + code
+    result = subprocess.run(
+        [sys.executable, "-c", source, *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result

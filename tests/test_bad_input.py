@@ -263,7 +263,7 @@ CLI_CASES: dict[str, Case] = {
     "publish with --overwrite but no scores": Case(
         "publish",
         lambda w, t: ["--model_name_or_path", str(w.model), "--output_dir", str(t / "out"), "--overwrite"],
-        "evaluate_bleu.py",
+        "hf-vanilla-evaluate",
         lambda w, t: _folder(t),
     ),
     "export over an existing folder": Case(

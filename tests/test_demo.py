@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_model_folders import assert_self_contained, run_card
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_vanilla.demo import DemoArguments
@@ -65,6 +66,9 @@ def test_quick_demo_writes_everything_and_reports(tmp_path: Path) -> None:
     assert results["decoding"]["num_beams"] == 4
     lines = (out / "test_translations.tsv").read_text().splitlines()
     assert len(lines) == 1 + results["num_test"]
+    # The folder loads where hf_vanilla is not installed, and its card's examples run as written.
+    assert_self_contained(out, tmp_path)
+    run_card(out, tmp_path)
 
 
 def test_quick_overrides_the_size() -> None:

@@ -17,6 +17,7 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 
 from hf_vanilla.evaluation import write_results
 from hf_vanilla.hub import (
+    MULTI30K,
     HubPushError,
     PublishArguments,
     dataset_card_from_args,
@@ -49,6 +50,7 @@ def card_for(model, decoding: DecodingOptions | None = None) -> ModelCard:
         (decoding or DecodingOptions()).to_dict(),
         "en",
         "de",
+        dataset=MULTI30K,
         repo_id="someone/tiny-transformer",
         num_parameters=model.num_parameters(),
     )
@@ -84,7 +86,7 @@ def test_card_says_when_gnmt_rescoring_was_used(model) -> None:
 
 def test_card_needs_measured_scores(model) -> None:
     with pytest.raises(ValueError, match="lacks"):
-        render_model_card(model.config, [{"split": "validation", "bleu": 1.0}], {}, "en", "de")
+        render_model_card(model.config, [{"split": "validation", "bleu": 1.0}], {}, "en", "de", MULTI30K)
 
 
 # --- the folder ------------------------------------------------------------------------------------------
@@ -99,6 +101,8 @@ def test_folder_has_everything_and_leaves_the_model_alone(model, tokenizer, tmp_
         "generation_config.json",
         "modeling_vanilla_transformer.py",
         "configuration_vanilla_transformer.py",
+        "fast_paths.py",
+        "pipeline_vanilla_transformer.py",
         "tokenizer.json",
         "tokenizer_config.json",
         "README.md",
@@ -254,7 +258,9 @@ def write_result_file(tmp_path: Path, decoding: DecodingOptions | None = None) -
 def test_publish_sets_generation_config_to_the_scored_decoding(model, tokenizer, tmp_path: Path) -> None:
     decoding = DecodingOptions(num_beams=5, length_penalty=1.0, early_stopping="true")
     results = write_result_file(tmp_path, decoding)
-    args = PublishArguments(output_dir=str(tmp_path / "hub"), results_files=[str(results)])
+    args = PublishArguments(
+        output_dir=str(tmp_path / "hub"), results_files=[str(results)], dataset="multi30k"
+    )
     folder = publish(model, tokenizer, args)
     generation = json.loads((folder / "generation_config.json").read_text())
     assert (generation["num_beams"], generation["length_penalty"], generation["early_stopping"]) == (
@@ -273,7 +279,15 @@ def test_publish_script_offline_push_fails_clearly_and_keeps_folder(
     results = write_result_file(tmp_path)
     folder = tmp_path / "hub"
     argv = ["publish.py", "--model_name_or_path", str(tmp_path / "model"), "--output_dir", str(folder)]
-    argv += ["--results_files", str(results), "--push_to_hub", "--hub_model_id", "someone/tiny"]
+    argv += [
+        "--results_files",
+        str(results),
+        "--push_to_hub",
+        "--hub_model_id",
+        "someone/tiny",
+        "--dataset",
+        "multi30k",
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(SystemExit) as exit_info:
@@ -287,8 +301,10 @@ def test_publish_script_offline_push_fails_clearly_and_keeps_folder(
 def test_publish_argument_errors(model, tokenizer, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs --hub_model_id"):
         publish(model, tokenizer, PublishArguments(output_dir=str(tmp_path), push_to_hub=True))
-    with pytest.raises(ValueError, match=r"evaluate_bleu\.py"):
+    with pytest.raises(ValueError, match="hf-vanilla-evaluate"):
         publish(model, tokenizer, PublishArguments(output_dir=str(tmp_path / "hub")))
+    with pytest.raises(ValueError, match="--dataset is required"):
+        dataset_card_from_args(PublishArguments(output_dir="x"))
     with pytest.raises(ValueError, match="--data_terms"):
         dataset_card_from_args(PublishArguments(output_dir="x", dataset="custom", dataset_id="wmt14"))
     first = write_result_file(tmp_path / "a")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -371,3 +372,18 @@ def test_average_last_checkpoints_at_the_end_and_evaluate_it(tmp_path: Path, tok
     last_two = [_weights(out / f"checkpoint-{step}") for step in (3, 6)]
     key = "model.shared.weight"
     torch.testing.assert_close(averaged[key], (last_two[0][key] + last_two[1][key]) / 2)
+
+
+def test_cpu_training_logs_to_tensorboard_without_a_pin_memory_warning(tmp_path: Path, tokenizer) -> None:
+    """tensorboard is in the train extra; pinned memory (useless without an accelerator) is off on the CPU."""
+    data = _dataset(tmp_path, tokenizer, n_train=8)
+    args = _args(tmp_path / "out", max_steps=2, report_to="tensorboard", use_cpu=False)  # not use_cpu=True,
+    if args.device.type != "cpu":  # which turns pinning off by itself
+        pytest.skip("pinned memory is right with an accelerator")
+    assert args.dataloader_pin_memory is False
+    trainer = _trainer(tiny_model(), args, data, tokenizer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    assert not [w for w in caught if "pin_memory" in str(w.message)]
+    assert list(tmp_path.rglob("events.out.tfevents.*"))

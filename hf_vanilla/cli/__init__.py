@@ -1,12 +1,28 @@
-"""What every command line of the project shares: how errors and interrupts end, and ``--overwrite``.
+"""The command-line tools, and what all of them share: how errors and interrupts end, and ``--overwrite``.
 
-Each ``scripts/*.py`` (and ``python -m hf_vanilla.demo``) has a ``main(argv)`` that returns an exit
-status through :func:`run_cli`:
+``pip install`` installs each as an ``hf-vanilla-*`` command (``[project.scripts]`` in pyproject.toml);
+``scripts/*.py`` in a source checkout are thin wrappers of the same ``main`` functions.
+
+| command | module |
+|---|---|
+| ``hf-vanilla-train-tokenizer`` | :mod:`hf_vanilla.cli.train_tokenizer` |
+| ``hf-vanilla-train`` | :mod:`hf_vanilla.cli.train` |
+| ``hf-vanilla-average`` | :mod:`hf_vanilla.cli.average_checkpoints` |
+| ``hf-vanilla-translate`` | :mod:`hf_vanilla.cli.translate` |
+| ``hf-vanilla-evaluate`` | :mod:`hf_vanilla.cli.evaluate_bleu` |
+| ``hf-vanilla-plot`` | :mod:`hf_vanilla.cli.plot` |
+| ``hf-vanilla-publish`` | :mod:`hf_vanilla.cli.publish` |
+| ``hf-vanilla-convert`` | :mod:`hf_vanilla.cli.convert` |
+| ``hf-vanilla-export-ct2`` | :mod:`hf_vanilla.cli.export_ctranslate2` |
+| ``hf-vanilla-demo`` | :mod:`hf_vanilla.demo` |
+
+Each command (and ``python -m hf_vanilla.demo``) has a ``main(argv)`` that returns an exit status
+through :func:`run_cli`:
 
 * A user error — a missing, damaged or mismatched file, a flag that cannot be honoured, an output
   that exists without ``--overwrite`` — ends in one line on stderr, ``error: <what and how to fix
-  it>``, and exit status 1, without a traceback. ``--debug`` (``train.py``: ``--log_level debug``)
-  lets the exception propagate with its traceback. Anything else (a bug) propagates as it is.
+  it>``, and exit status 1, without a traceback. ``--debug`` (``hf-vanilla-train``: ``--log_level
+  debug``) lets the exception propagate with its traceback. Anything else (a bug) propagates as it is.
 * Ctrl-C ends in ``interrupted`` and status 130 (training first saves a checkpoint; see
   :class:`hf_vanilla.checkpointing.SaveOnSignalCallback`).
 * Nothing that exists is replaced unless ``--overwrite`` is given

@@ -1,0 +1,57 @@
+"""Average the parameters of the last N Trainer checkpoints into one model folder (§6.1).
+
+    hf-vanilla-average --run_dir runs/base --last_n 5 --output_dir runs/base/averaged
+    hf-vanilla-average --checkpoints runs/base/checkpoint-9000 runs/base/checkpoint-10000 \
+        --output_dir runs/base/averaged
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+from transformers import HfArgumentParser
+
+from hf_vanilla.averaging import average_checkpoints, average_last_checkpoints
+from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
+
+
+@dataclass
+class AveragingArguments:
+    output_dir: str = field(
+        metadata={"help": "Folder for the averaged model (created; an existing one needs --overwrite)."}
+    )
+    run_dir: str | None = field(
+        default=None, metadata={"help": "Training output folder holding checkpoint-<step> folders."}
+    )
+    last_n: int = field(
+        default=5,
+        metadata={
+            "help": "Average the last N checkpoints of --run_dir, by step (paper: 5 for base, 20 for big)."
+        },
+    )
+    checkpoints: list[str] | None = field(
+        default=None, metadata={"help": "Explicit checkpoint folders, oldest first (instead of --run_dir)."}
+    )
+    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
+
+
+def _run(argv: list[str]) -> None:
+    parser = HfArgumentParser(AveragingArguments, description=__doc__, epilog=DEBUG_EPILOG)
+    (args,) = parser.parse_args_into_dataclasses(args=argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    if (args.run_dir is None) == (args.checkpoints is None):
+        parser.error("Give either --run_dir (with --last_n) or --checkpoints, not both and not neither.")
+    if args.checkpoints is not None:
+        average_checkpoints(args.checkpoints, args.output_dir, args.overwrite)
+    else:
+        average_last_checkpoints(args.run_dir, args.last_n, args.output_dir, args.overwrite)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

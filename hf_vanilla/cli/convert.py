@@ -1,0 +1,38 @@
+"""Convert a trained OPUS-MT (Marian) or fairseq WMT (FSMT) model into an hf_vanilla model folder.
+
+    hf-vanilla-convert --source Helsinki-NLP/opus-mt-de-en --output_dir runs/opus-mt-de-en
+    hf-vanilla-convert --source facebook/wmt19-de-en --source_format fsmt --output_dir runs/wmt19-de-en
+    hf-vanilla-convert --source path/to/marian_folder --output_dir runs/converted
+
+The result loads with `AutoModelForSeq2SeqLM.from_pretrained(output_dir)` after `import hf_vanilla`, or
+with `trust_remote_code=True` where hf_vanilla is not installed (the folder carries the code),
+gives the original's logits and translations, and keeps the original model's license.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from transformers import HfArgumentParser
+
+from hf_vanilla.cli import DEBUG_EPILOG, run_cli
+from hf_vanilla.convert import ConversionArguments, convert_from_args
+
+logger = logging.getLogger("convert")
+
+
+def _run(argv: list[str]) -> None:
+    parser = HfArgumentParser(ConversionArguments, description=__doc__, epilog=DEBUG_EPILOG)
+    (args,) = parser.parse_args_into_dataclasses(args=argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    convert_from_args(args)
+    logger.info("Converted %s into %s", args.source, args.output_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

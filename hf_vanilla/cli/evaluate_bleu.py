@@ -1,0 +1,96 @@
+r"""Translate a split with the paper's decoding (§6.1) and report corpus BLEU and chrF (sacreBLEU, offline).
+
+    hf-vanilla-evaluate --model_name_or_path runs/base \
+        --validation_files /work/shared/data/multi30k/val --source_lang en --target_lang de \
+        --split validation --output_dir runs/base/eval
+
+Writes <output_dir>/<split>.hyp.<target_lang> (one hypothesis per line) and
+<output_dir>/<split>.results.json (scores, sacreBLEU signatures, decoding settings and seconds), which
+hf-vanilla-publish puts on the model card. Prints BLEU, chrF and the decoding time; compare stopping
+rules with --early_stopping never|true|false. Existing result files are kept unless --overwrite is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import HfArgumentParser
+
+from hf_vanilla.checkpointing import refuse_to_replace
+from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
+from hf_vanilla.data import DataArguments, load_from_args
+from hf_vanilla.evaluation import evaluate_dataset, write_results
+from hf_vanilla.translate import DecodingOptions, ModelArguments, load_model_and_tokenizer
+
+
+@dataclass
+class EvalArguments:
+    split: str = field(default="validation", metadata={"help": "Which split to translate and score."})
+    output_dir: str | None = field(
+        default=None, metadata={"help": "Where hypotheses and results go; default: <model>/eval."}
+    )
+    dataset_display_name: str | None = field(
+        default=None, metadata={"help": "Name of the data on the model card, e.g. 'Multi30k (Task 1)'."}
+    )
+    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def _run(argv: list[str]) -> None:
+    parser = HfArgumentParser(
+        (ModelArguments, DataArguments, DecodingOptions, EvalArguments),
+        description=__doc__,
+        epilog=DEBUG_EPILOG,
+        formatter_class=_Formatter,
+    )
+    model_args, data_args, decoding, eval_args = parser.parse_args_into_dataclasses(args=argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    output_dir = Path(eval_args.output_dir or Path(model_args.model_name_or_path) / "eval")
+    split, tgt = eval_args.split, data_args.target_lang
+    hypotheses_file, results_file = output_dir / f"{split}.hyp.{tgt}", output_dir / f"{split}.results.json"
+    for path in (hypotheses_file, results_file):  # before any work
+        refuse_to_replace(path, eval_args.overwrite, "The evaluation output")
+    data = load_from_args(data_args)
+    if split not in data:
+        raise ValueError(f"Split {split!r} not loaded; available: {sorted(data)}. Pass it with --split.")
+    model, tokenizer = load_model_and_tokenizer(model_args)
+    results = evaluate_dataset(
+        model,
+        tokenizer,
+        data[split],
+        data_args.source_lang,
+        tgt,
+        options=decoding,
+        batch_size=model_args.batch_size,
+        device=model_args.device,
+        hypotheses_file=hypotheses_file,
+    )
+    results.update(
+        split=split,
+        source_lang=data_args.source_lang,
+        target_lang=tgt,
+        model=model_args.model_name_or_path,
+        dataset_name=eval_args.dataset_display_name or data_args.dataset_name or "local files",
+    )
+    path = write_results(results, results_file)
+    summary = {
+        key: results[key]
+        for key in ("bleu", "chrf", "decoding_seconds", "bleu_signature", "chrf_signature", "num_segments")
+    }
+    print(json.dumps({**summary, "decoding": decoding.describe(), "results_file": str(path)}, indent=2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

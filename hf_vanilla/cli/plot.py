@@ -1,0 +1,114 @@
+"""Draw the model's pictures as PNG files (matplotlib, Agg canvas).
+
+# training curves (loss, validation BLEU, learning rate) of a Trainer run
+hf-vanilla-plot --training_run runs/base --output_dir runs/base/plots
+# encoder-decoder attention of one sentence (layers × heads + mean), using the model's own translation
+hf-vanilla-plot --model_name_or_path runs/base --sentence "A man rides a bike." --output_dir plots
+# the sinusoidal positional encoding of §3.5 (d_model from the model, or --d_model)
+hf-vanilla-plot --positional_encoding --d_model 512 --output_dir plots
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import HfArgumentParser
+
+from hf_vanilla.checkpointing import refuse_to_replace
+from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
+from hf_vanilla.plotting import plot_cross_attention, plot_positional_encoding, plot_training_curves
+from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
+
+
+@dataclass
+class PlotArguments:
+    output_dir: str = field(default="plots", metadata={"help": "Folder for the PNG files."})
+    training_run: str | None = field(
+        default=None, metadata={"help": "Trainer output_dir (or trainer_state.json) → training_curves.png."}
+    )
+    sentence: str | None = field(
+        default=None,
+        metadata={"help": "Source sentence → cross_attention_grid.png and cross_attention_mean.png."},
+    )
+    target: str | None = field(
+        default=None, metadata={"help": "Target sentence to force; default: the model's own translation."}
+    )
+    positional_encoding: bool = field(
+        default=False, metadata={"help": "Draw positional_encoding.png (§3.5)."}
+    )
+    num_positions: int = field(
+        default=100, metadata={"help": "Positions in the positional-encoding picture."}
+    )
+    d_model: int = field(
+        default=512, metadata={"help": "d_model of the positional-encoding picture without a model."}
+    )
+    bleu_key: str = field(default="eval_bleu", metadata={"help": "Logged key of validation BLEU."})
+    dpi: int = field(default=100, metadata={"help": "Resolution of the PNG files."})
+    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
+
+
+@dataclass
+class OptionalModelArguments(ModelArguments):
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Model folder or Hub id (needed for --sentence)."}
+    )
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def _run(argv: list[str]) -> None:
+    parser = HfArgumentParser(
+        (PlotArguments, OptionalModelArguments),
+        description=__doc__,
+        epilog=DEBUG_EPILOG,
+        formatter_class=_Formatter,
+    )
+    args, model_args = parser.parse_args_into_dataclasses(args=argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if not (args.training_run or args.sentence or args.positional_encoding):
+        parser.error(
+            "Nothing to draw: pass --training_run, --sentence (with --model_name_or_path) or --positional_encoding."
+        )
+    if args.sentence and not model_args.model_name_or_path:
+        parser.error("--sentence needs --model_name_or_path.")
+    out = Path(args.output_dir)
+    names = (["training_curves.png"] if args.training_run else []) + (
+        ["cross_attention_grid.png", "cross_attention_mean.png"] if args.sentence else []
+    )
+    for name in names + (["positional_encoding.png"] if args.positional_encoding else []):
+        refuse_to_replace(out / name, args.overwrite, "The picture")  # before any work
+    written: list[Path] = []
+    if args.training_run:
+        written.append(
+            plot_training_curves(args.training_run, out / "training_curves.png", args.bleu_key, args.dpi)
+        )
+    model = None
+    if model_args.model_name_or_path:
+        model, tokenizer = load_model_and_tokenizer(model_args)
+    if args.sentence:
+        written += plot_cross_attention(
+            model, tokenizer, args.sentence, out, target=args.target, dpi=args.dpi
+        )
+    if args.positional_encoding:
+        d_model = model.config.d_model if model is not None else args.d_model
+        written.append(
+            plot_positional_encoding(
+                out / "positional_encoding.png", args.num_positions, d_model, dpi=args.dpi
+            )
+        )
+    for path in written:
+        print(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

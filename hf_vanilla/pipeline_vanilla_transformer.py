@@ -1,0 +1,77 @@
+"""A translation pipeline for hf_vanilla models, ``pipeline("vanilla-translation", ...)``.
+
+transformers 5 removed its ``translation`` and ``text2text-generation`` pipelines (``pipeline("translation")``
+now says "use text-generation with a chat model"), which do not fit an encoder-decoder trained on parallel
+text. This small :class:`transformers.Pipeline` takes their place under a task name of its own:
+
+    from transformers import pipeline
+
+    translator = pipeline("vanilla-translation", model="path/to/model", trust_remote_code=True)
+    translator(["A man rides a bike.", "Two dogs play."], batch_size=8)
+    # [{'translation_text': '...'}, {'translation_text': '...'}]
+    translator("A man rides a bike.", num_beams=1, max_new_tokens=20)  # per-call generate() settings
+
+Decoding uses the model's ``generation_config.json`` (the paper's beam 4 and α = 0.6, output length
+bounded by the input length + 50); any ``generate()`` argument given at construction or per call
+overrides it. ``import hf_vanilla`` registers the task with transformers' ``PIPELINE_REGISTRY``; the
+model folders hf_vanilla writes carry this file and list it under ``custom_pipelines`` in
+``config.json``, so the same call works where hf_vanilla is not installed (``trust_remote_code=True``).
+This module imports only transformers, for that reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import Pipeline
+
+__all__ = ["TASK", "VanillaTranslationPipeline"]
+
+#: The task name the pipeline is registered under (``translation`` itself is reserved by transformers).
+TASK = "vanilla-translation"
+
+
+class VanillaTranslationPipeline(Pipeline):
+    """Translate a string or a list of strings; each result is ``{"translation_text": str}``.
+
+    Call arguments: ``batch_size`` (sentences per ``generate()`` call, padded together),
+    ``truncation`` (cut inputs at the tokenizer's ``model_max_length``), and any ``generate()``
+    argument (``num_beams``, ``max_new_tokens``, ``length_penalty``, ...).
+    """
+
+    _pipeline_calls_generate = True
+    _load_processor = False
+    _load_image_processor = False
+    _load_feature_extractor = False
+    _load_tokenizer = True
+
+    def _sanitize_parameters(
+        self, truncation: bool | None = None, **generate_kwargs: Any
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        if generate_kwargs.get("num_return_sequences", 1) != 1:
+            raise ValueError(
+                "This pipeline returns one translation per input; for n-best lists call model.generate() "
+                "with num_return_sequences."
+            )
+        preprocess_params = {} if truncation is None else {"truncation": truncation}
+        return preprocess_params, generate_kwargs, {}
+
+    def preprocess(self, text: str, truncation: bool = False) -> dict[str, Any]:
+        if not isinstance(text, str):
+            raise TypeError(
+                f"{type(self).__name__} translates strings; got {type(text).__name__}. Pass a string or a list "
+                "of strings."
+            )
+        return self.tokenizer(text, truncation=truncation, return_tensors="pt")
+
+    def _forward(self, model_inputs: dict[str, Any], **generate_kwargs: Any) -> dict[str, Any]:
+        # Batched inputs arrive padded by the pipeline's collate function (attention_mask included).
+        return {
+            "output_ids": self.model.generate(
+                **model_inputs, **self._prepare_generate_kwargs(generate_kwargs)
+            )
+        }
+
+    def postprocess(self, model_outputs: dict[str, Any]) -> dict[str, str]:
+        (ids,) = model_outputs["output_ids"]  # one sequence per input
+        return {"translation_text": self.tokenizer.decode(ids, skip_special_tokens=True)}

@@ -1,0 +1,171 @@
+"""Every model folder hf_vanilla writes is self-contained, and every card's Python runs.
+
+The folders (the Trainer's output, an averaged model, a converted model, the publish folder; the demo's
+in test_demo.py) must load with ``AutoModelForSeq2SeqLM`` / ``AutoTokenizer`` /
+``pipeline("vanilla-translation")`` and ``trust_remote_code=True`` in a fresh process where hf_vanilla
+cannot be imported: no prompt, no warning, no pickle, and the same translations as the local model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_clean, tiny_model
+from huggingface_hub import ModelCard
+from test_convert import marian, save_with_side_files
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, pipeline
+
+import hf_vanilla
+from hf_vanilla.averaging import average_checkpoints
+from hf_vanilla.checkpointing import PICKLE_SUFFIXES
+from hf_vanilla.convert import convert
+from hf_vanilla.hub import MULTI30K, render_model_card, save_for_hub
+from hf_vanilla.training import PaperSeq2SeqTrainer, PaperTrainingArguments
+from hf_vanilla.translate import DecodingOptions
+
+SENTENCES = ["w1 w2 w3", "w4", "w5 w6"]
+
+LOAD = r"""
+import json, sys, warnings
+warnings.simplefilter("always")
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+folder, sentences = sys.argv[1], json.loads(sys.argv[2])
+model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+ids = model.generate(**tokenizer(sentences, padding=True, return_tensors="pt"), max_new_tokens=8)
+translator = pipeline("vanilla-translation", model=folder, trust_remote_code=True)
+texts = [row["translation_text"] for row in translator(sentences, batch_size=2, max_new_tokens=8)]
+assert not any(name == "hf_vanilla" or name.startswith("hf_vanilla.") for name in sys.modules)
+print(json.dumps({"module": type(model).__module__, "ids": ids.tolist(), "texts": texts,
+                  "pipeline": type(translator).__name__, "max_length": tokenizer.model_max_length}))
+"""
+
+
+def assert_self_contained(folder: Path, tmp_path: Path) -> dict:
+    """The clean-process load of ``folder``; returns what it printed. Checks no pickle, no warning."""
+    pickles = [path.name for path in folder.iterdir() if path.suffix in PICKLE_SUFFIXES]
+    assert not pickles, f"pickled files in {folder}: {pickles}"
+    result = run_clean(LOAD, tmp_path, str(folder), json.dumps(SENTENCES))
+    assert "Do you wish to run the custom code" not in result.stdout + result.stderr
+    assert not re.search(r"warn|You are using a model of type", result.stderr, re.IGNORECASE), result.stderr
+    remote = json.loads(result.stdout.strip().splitlines()[-1])
+    assert remote["module"].startswith("transformers_modules.")
+    assert remote["pipeline"] == "VanillaTranslationPipeline"
+    local = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    with torch.no_grad():
+        ids = local.generate(**tokenizer(SENTENCES, padding=True, return_tensors="pt"), max_new_tokens=8)
+    assert remote["ids"] == ids.tolist()
+    # The pipeline translates each sentence alone (batches of 2 padded): same as generate() per sentence.
+    expected = [
+        tokenizer.decode(
+            local.generate(**tokenizer([s], return_tensors="pt"), max_new_tokens=8)[0],
+            skip_special_tokens=True,
+        )
+        for s in SENTENCES
+    ]
+    assert remote["texts"] == expected
+    return remote
+
+
+def python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", markdown, flags=re.DOTALL)
+
+
+def run_card(folder: Path, tmp_path: Path, block_hf_vanilla: bool = True) -> None:
+    """Run every fenced Python block of the folder's README.md verbatim in a clean process."""
+    blocks = python_blocks((folder / "README.md").read_text(encoding="utf-8"))
+    assert blocks, f"{folder}/README.md has no Python example"
+    for block in blocks:
+        run_clean(block, tmp_path, block_hf_vanilla=block_hf_vanilla)
+
+
+def _trainer(model, tokenizer, output_dir: Path) -> PaperSeq2SeqTrainer:
+    args = PaperTrainingArguments(
+        output_dir=str(output_dir), report_to="none", save_strategy="no", eval_strategy="no", max_steps=1
+    )
+    return PaperSeq2SeqTrainer(
+        model=model,
+        args=args,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+    )
+
+
+def test_trainer_output_and_averaged_model_are_self_contained(tmp_path: Path, tokenizer) -> None:
+    for seed in (0, 1):
+        _trainer(tiny_model(seed), tokenizer, tmp_path / f"run-{seed}").save_model()
+    saved = tmp_path / "run-1"
+    assert not (saved / "training_args.bin").exists()
+    assert json.loads((saved / "training_args.json").read_text())["output_dir"] == str(saved)
+    assert (
+        AutoTokenizer.from_pretrained(saved).model_max_length == tiny_model().config.max_position_embeddings
+    )
+    remote = assert_self_contained(saved, tmp_path)
+    assert remote["max_length"] == 64
+    averaged = average_checkpoints([tmp_path / "run-0", saved], tmp_path / "averaged")
+    assert_self_contained(averaged, tmp_path)
+
+
+def test_converted_model_is_self_contained_and_its_card_runs(tmp_path: Path, tokenizer) -> None:
+    save_with_side_files(marian(), tmp_path / "marian", tokenizer)
+    (tmp_path / "marian" / "README.md").write_text(
+        "---\nlicense: cc-by-4.0\nlanguage:\n- de\n- en\n---\n# OPUS\n"
+    )
+    out = tmp_path / "converted"
+    convert(str(tmp_path / "marian"), out)
+    assert_self_contained(out, tmp_path)
+    data = ModelCard.load(out / "README.md").data
+    assert (data.license, data.language, data.pipeline_tag) == ("cc-by-4.0", ["de", "en"], "translation")
+    assert data.base_model is None  # a local folder is no Hub id
+    run_card(out, tmp_path)
+
+
+def test_publish_folder_is_self_contained_and_its_card_runs(model, tokenizer, tmp_path: Path) -> None:
+    folder = tmp_path / "hub"
+    result = {
+        "split": "test",
+        "bleu": 1.0,
+        "chrf": 2.0,
+        "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:intl|smooth:exp|version:2.6.0",
+        "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0",
+        "num_segments": 3,
+    }
+    card = render_model_card(
+        model.config,
+        [result],
+        DecodingOptions().to_dict(),
+        "en",
+        "de",
+        dataset=MULTI30K,
+        repo_id=str(folder),
+        example_source="w1 w2",
+    )
+    save_for_hub(model, tokenizer, folder, card)
+    assert_self_contained(folder, tmp_path)
+    text = (folder / "README.md").read_text()
+    assert "tok:intl" in text  # the card names the BLEU variant the scores used
+    # The metadata parses back with huggingface_hub (model-index included) and says what was given.
+    data = ModelCard.load(folder / "README.md", ignore_metadata_errors=False).data
+    assert (data.license, data.datasets, data.language) == ("other", ["multi30k"], ["en", "de"])
+    assert {r.metric_type: r.metric_config for r in data.eval_results}["bleu"] == result["bleu_signature"]
+    run_card(folder, tmp_path)
+
+
+def test_pipeline_is_registered_and_takes_per_call_settings(model, tokenizer) -> None:
+    translator = pipeline(hf_vanilla.PIPELINE_TASK, model=model, tokenizer=tokenizer)
+    assert isinstance(translator, hf_vanilla.VanillaTranslationPipeline)
+    single = translator("w1 w2 w3", num_beams=1, max_new_tokens=3)
+    with torch.no_grad():
+        ids = model.generate(**tokenizer(["w1 w2 w3"], return_tensors="pt"), num_beams=1, max_new_tokens=3)
+    assert single == {"translation_text": tokenizer.decode(ids[0], skip_special_tokens=True)}
+    assert len(translator(SENTENCES, batch_size=2, max_new_tokens=3)) == len(SENTENCES)
+    with pytest.raises(TypeError, match="translates strings"):
+        translator([1, 2])
+    with pytest.raises(ValueError, match="one translation per input"):
+        translator("w1", num_return_sequences=2)
