@@ -60,6 +60,7 @@ from hf_vanilla.checkpointing import (
 from hf_vanilla.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from hf_vanilla.data import DataArguments, load_from_args
 from hf_vanilla.evaluation import compute_bleu_chrf
+from hf_vanilla.launch_checks import check_fsdp_honoured, check_process_group
 from hf_vanilla.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla.tokenization import (
     check_tokenizer_matches_config,
@@ -310,6 +311,9 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
       first batch, which would cut every later translation at 20 tokens and replace the §6.1 bound
       of source length + 50 (and be saved with the model). The generation config is restored
       after every step.
+    * A run that asked for FSDP but would not be sharded (accelerate on CPU) is refused with a
+      :class:`~hf_vanilla.launch_checks.LaunchError` as soon as the Accelerator exists, before the
+      output folder is created (:func:`~hf_vanilla.launch_checks.check_fsdp_honoured`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -324,6 +328,10 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
                 warmup,
                 self.args.learning_rate,
             )
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        check_fsdp_honoured(self.accelerator, self.args)
 
     def _warmup_steps_for_peak(self) -> int:
         warmup = self.args.warmup_steps
@@ -624,8 +632,11 @@ def run_training(
     """Train (or resume), save the final model, tokenizer and generation config in ``output_dir``,
     optionally average the last checkpoints, and evaluate on the validation and test splits.
 
-    Returns all metrics (``train_*``, ``eval_*``, ``test_*``, ``averaged_eval_*``, ...).
+    Returns all metrics (``train_*``, ``eval_*``, ``test_*``, ``averaged_eval_*``, ...). Processes a
+    launcher started that form no process group are refused first
+    (:func:`~hf_vanilla.launch_checks.check_process_group`).
     """
+    check_process_group(training_args)
     resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
     if resume is not None:
         logger.info("Resuming from %s", resume)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from transformers import HfArgumentParser
 
 from hf_vanilla.data import DataArguments
+from hf_vanilla.launch_checks import LaunchError
 from hf_vanilla.training import ModelArguments, PaperTrainingArguments, run_training, setup_logging
 
 
@@ -21,7 +22,10 @@ def main() -> None:
     parser = HfArgumentParser((ModelArguments, DataArguments, PaperTrainingArguments))
     model_args, data_args, training_args = parser.parse_args_into_dataclasses()
     setup_logging(training_args)
-    run_training(model_args, data_args, training_args)
+    try:
+        run_training(model_args, data_args, training_args)
+    except LaunchError as error:  # a launch that cannot be honoured: one line, nothing written
+        raise SystemExit(f"train.py: error: {error}") from None
 
 
 if __name__ == "__main__":
