@@ -60,9 +60,13 @@ def global_batch(step: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def build_model() -> VanillaTransformerForConditionalGeneration:
+def build_model(attention_bias: bool = False) -> VanillaTransformerForConditionalGeneration:
+    """The tiny model, seed 0, no dropout. ``attention_bias`` adds Q/K/V/O biases: the key bias's
+    gradient is zero in exact arithmetic (softmax ignores a shift shared by all keys), so in float32 it
+    is rounding noise — the case where Adam amplifies a summation-order difference most."""
     torch.manual_seed(0)
-    return VanillaTransformerForConditionalGeneration(tiny_config(dropout=0.0)).train()
+    config = tiny_config(dropout=0.0, attention_bias=attention_bias)
+    return VanillaTransformerForConditionalGeneration(config).train()
 
 
 def build_optimizer(model: torch.nn.Module, name: str, eps: float) -> torch.optim.Optimizer:
@@ -108,6 +112,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--save_at", type=int, default=0)
     parser.add_argument("--resume_from", type=Path)
+    parser.add_argument("--attention_bias", action="store_true")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -115,7 +120,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    model = build_model()
+    model = build_model(args.attention_bias)
     shard(model)
     shared = model.model.shared.weight
     tied = {

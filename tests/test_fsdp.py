@@ -53,7 +53,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """2-process FSDP2 runs: SGD (checkpoint at step 2), Adam (§5.3: β = (0.9, 0.98), ε = 1e-9), and
     the SGD run resumed from its step-2 checkpoint."""
     root = tmp_path_factory.mktemp("fsdp2")
-    folders = {name: root / name for name in ("sgd", "adam", "resumed")}
+    folders = {name: root / name for name in ("sgd", "adam", "adam-bias", "resumed")}
     sgd = _worker(folders["sgd"], "--optimizer", "sgd", "--save_at", str(SAVE_AT))
     adam = _worker(folders["adam"], "--optimizer", "adam", "--eps", "1e-9")
     _finish(sgd)
@@ -62,15 +62,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         folders["resumed"], "--optimizer", "sgd", "--save_at", str(SAVE_AT),
         "--resume_from", str(folders["sgd"] / f"checkpoint-{SAVE_AT}"),
     )  # fmt: skip
+    adam_bias = _worker(folders["adam-bias"], "--optimizer", "adam", "--eps", "1e-9", "--attention_bias")
     _finish(resumed)
+    _finish(adam_bias)
     return folders
 
 
 def _one_process(
-    optimizer_name: str, steps: int
+    optimizer_name: str, steps: int, attention_bias: bool = False
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
     """The unsharded reference: 1 process, whole global batches; parameters and each step's gradients."""
-    model = build_model()
+    model = build_model(attention_bias)
     optimizer = build_optimizer(model, optimizer_name, 1e-9)
     gradients = []
     for step in range(1, steps + 1):
@@ -113,8 +115,20 @@ def test_two_sharded_processes_match_one_process_with_sgd(runs: dict[str, Path])
         torch.testing.assert_close(final[name], value, rtol=0, atol=1e-6, msg=name)
 
 
+def _adam_bound(
+    name: str, sharded: list[dict[str, torch.Tensor]], reference: list[dict[str, torch.Tensor]]
+) -> torch.Tensor:
+    """Per element: Σ_t 3 · lr · δ_t / (|g_t| + ε), capped at 2 · lr per step (see the test below)."""
+    bound = torch.zeros_like(reference[0][name])
+    for got, want in zip(sharded, reference, strict=True):
+        delta = (got[name] - want[name]).abs().max()
+        bound += torch.clamp(3 * LEARNING_RATE * delta / (want[name].abs() + 1e-9), max=2 * LEARNING_RATE)
+    return bound
+
+
+@pytest.mark.parametrize("attention_bias", [False, True], ids=["paper", "key-bias"])
 def test_two_sharded_processes_match_one_process_with_adam_within_its_amplification(
-    runs: dict[str, Path],
+    runs: dict[str, Path], attention_bias: bool
 ) -> None:
     """Adam normalises each update by √v̂ + ε: u = lr · m̂ / (√v̂ + ε), so a gradient error δ
     (summation order, as in the SGD test) moves a parameter by about lr · δ / |g| per step, not
@@ -122,26 +136,30 @@ def test_two_sharded_processes_match_one_process_with_adam_within_its_amplificat
     zero — a sum of contributions that cancel, or a gradient that is zero in exact arithmetic and only
     rounding noise in float32 — the error is amplified by 1 / |g|, up to an update of ±lr pointing
     either way when the element is pure noise (ε = 1e-9 is far below float32 rounding of typical
-    gradients, so it does not damp it). That is the 8e-5 seen in the issue with ε = 1e-9 against
-    1.2e-7 with SGD.
+    gradients, so it does not damp it). This explains the 8e-5 with ε = 1e-9 against 1.2e-7 with SGD
+    reported in issue 18 (a setup not recorded).
 
     The tolerance is that bound, per element: 1e-6 + Σ_t 3 · lr · δ_t / (|g_t| + ε), where g_t is the
     1-process gradient at step t, δ_t the largest gradient difference measured at step t (the 3 covers
-    m̂'s and v̂'s mix of the steps so far), capped at 2 · lr per step (two opposite updates). On this
-    tiny model no gradient element is near zero, so every element stays near the SGD level."""
-    expected, reference_gradients = _one_process("adam", STEPS)
-    sharded_gradients = _sharded_gradients(runs["adam"])
-    final = load_file(runs["adam"] / "final.safetensors")
+    m̂'s and v̂'s mix of the steps so far), capped at 2 · lr per step (two opposite updates). The paper
+    model (no attention biases) has no gradient element near zero: every element agrees to 1e-5
+    (measured 1.5e-7). With attention biases, the key bias's gradient is exactly zero in exact
+    arithmetic (softmax ignores a shift shared by all keys), float32 noise of ~5e-9: there, and only
+    there, the runs part by more than 1e-5 (measured 2.8e-3, nearly three full steps of lr = 1e-3;
+    with SGD the same bias agrees to 7e-12), still within the bound."""
+    expected, reference_gradients = _one_process("adam", STEPS, attention_bias)
+    sharded_gradients = _sharded_gradients(runs["adam-bias" if attention_bias else "adam"])
+    final = load_file(runs["adam-bias" if attention_bias else "adam"] / "final.safetensors")
+    amplified = set()
     for name, value in expected.items():
-        bound = torch.zeros_like(value)
-        for got, want in zip(sharded_gradients, reference_gradients, strict=True):
-            if name not in want:  # the tied names are the shared parameter
-                continue
-            delta = (got[name] - want[name]).abs().max()
-            bound += torch.clamp(3 * LEARNING_RATE * delta / (want[name].abs() + 1e-9), max=2 * LEARNING_RATE)
+        if name not in reference_gradients[0]:  # the tied names: the shared parameter, checked once
+            continue
         difference = (final[name] - value).abs()
-        assert (difference <= 1e-6 + bound).all(), f"{name}: {difference.max():.3g} > bound"
-        assert difference.max() < 1e-6, name  # and measured: no element near zero here
+        bound = _adam_bound(name, sharded_gradients, reference_gradients)
+        assert (difference <= 1e-6 + bound).all(), f"{name}: {difference.max():.3g} exceeds the bound"
+        if difference.max() > 1e-5:
+            amplified.add(name.rsplit(".", 2)[-2] + "." + name.rsplit(".", 1)[-1])
+    assert amplified == ({"k_proj.bias"} if attention_bias else set())
 
 
 def test_consolidated_checkpoint_loads_with_from_pretrained(runs: dict[str, Path]) -> None:
