@@ -75,11 +75,13 @@ __all__ = [
     "atomic_file",
     "find_complete_checkpoints",
     "last_complete_checkpoint",
+    "load_full_state_dict_into_sharded",
     "load_pretrained_checked",
     "pickle_globals",
     "publish_directory",
     "refuse_to_replace",
     "save_pretrained_atomic",
+    "tie_state_dict",
     "verify_checkpoint",
     "verify_checksums",
     "verify_model_folder",
@@ -639,6 +641,64 @@ def save_pretrained_atomic(folder: str | Path, *objects: Any, checksums: bool = 
 
 
 # --------------------------------------------------------------------------------------------------
+# tied weights in gathered state dicts (FSDP, DeepSpeed ZeRO-3)
+# --------------------------------------------------------------------------------------------------
+def tie_state_dict(model: torch.nn.Module, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``state_dict`` with each tied weight (``model.all_tied_weights_keys``, e.g. §3.4's
+    ``lm_head.weight`` → ``model.shared.weight``) made the *same* tensor as its source again.
+
+    A state dict gathered from shards (FSDP's full state dict, DeepSpeed ZeRO-3's consolidated one)
+    holds a separate copy for every name of a shared parameter, so ``save_pretrained`` — which finds
+    tied weights by storage — would write the shared matrix four times. Re-tied, it writes it once,
+    as an unsharded save does. A pair whose values differ is left alone (the model is not tied).
+    """
+    tied = dict(state_dict)
+    for target, source in getattr(model, "all_tied_weights_keys", {}).items():
+        if target in tied and source in tied and torch.equal(tied[target], tied[source]):
+            tied[target] = tied[source]
+    return tied
+
+
+def load_full_state_dict_into_sharded(model: torch.nn.Module, path: str | Path) -> None:
+    """Load a consolidated ``model.safetensors`` into an FSDP2-sharded ``model`` (every process
+    calls it): the main process reads the file, and each tensor is scattered from it
+    (``distribute_tensor(..., src_data_rank=0)``) into the parameter's own placement; unsharded
+    tensors are broadcast.
+
+    A shared parameter (§3.4's embedding / pre-softmax matrix) is loaded once, under the name the
+    model's state dict lists first. torch 2.13's ``set_model_state_dict(full_state_dict=True,
+    broadcast_from_rank0=True)`` fails on the other names (a ``KeyError``, or a copy that mixes
+    ``Tensor`` and ``DTensor``), which is why the Trainer's own FSDP resume breaks for this model.
+    """
+    from safetensors.torch import load_file
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    main = torch.distributed.get_rank() == 0
+    if main:
+        verify_safetensors_file(path)
+    saved = load_file(str(path)) if main else {}
+    aliases = {target: source for target, source in getattr(model, "all_tied_weights_keys", {}).items()}
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            if name in aliases:
+                continue  # the same parameter as its source, loaded under the source's name
+            local = value.to_local() if isinstance(value, DTensor) else value
+            if main:
+                if name not in saved:
+                    raise CorruptCheckpointError(
+                        f"{str(path)!r} has no tensor {name!r}.{_earlier_hint(Path(path))}"
+                    )
+                full = saved[name].to(device=local.device, dtype=value.dtype)
+            else:
+                full = torch.empty(value.shape, dtype=value.dtype, device=local.device)
+            if isinstance(value, DTensor):
+                value.copy_(distribute_tensor(full, value.device_mesh, value.placements, src_data_rank=0))
+            else:
+                torch.distributed.broadcast(full, src=0)
+                value.copy_(full)
+
+
+# --------------------------------------------------------------------------------------------------
 # Trainer integration
 # --------------------------------------------------------------------------------------------------
 class ResilientTrainerMixin:
@@ -737,6 +797,33 @@ class ResilientTrainerMixin:
                     os.replace(path, destination)  # each file replaced whole, never half-written
             shutil.rmtree(staged)
         self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
+
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
+        if state_dict is not None:  # gathered from shards: one copy per name of the shared matrix
+            model = self.accelerator.unwrap_model(self.model)  # type: ignore[attr-defined]
+            state_dict = tie_state_dict(model, state_dict)
+        super()._save(output_dir, state_dict=state_dict)  # type: ignore[misc]
+
+    def _fsdp2_full_state_dict(self) -> bool:
+        accelerator = self.accelerator  # type: ignore[attr-defined]
+        return (
+            getattr(self, "is_fsdp_enabled", False)
+            and accelerator.is_fsdp2
+            and "FULL_STATE_DICT" in str(accelerator.state.fsdp_plugin.state_dict_type)
+        )
+
+    def _load_from_checkpoint(
+        self, resume_from_checkpoint: str, model: torch.nn.Module | None = None
+    ) -> None:
+        """Under FSDP2 with ``FULL_STATE_DICT``, the weights are read from the checkpoint's
+        ``model.safetensors`` (:func:`load_full_state_dict_into_sharded`) instead of the pickled
+        ``pytorch_model_fsdp.bin``; the optimizer state is loaded by the Trainer as usual."""
+        if not self._fsdp2_full_state_dict():
+            super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
+            return
+        logger.info("Loading the sharded model from %s/model.safetensors", resume_from_checkpoint)
+        target = model if model is not None else self.model  # type: ignore[attr-defined]
+        load_full_state_dict_into_sharded(target, Path(resume_from_checkpoint) / "model.safetensors")
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         output_dir = self.args.output_dir  # type: ignore[attr-defined]

@@ -77,6 +77,7 @@ from hf_vanilla.configuration_vanilla_transformer import PRESETS, VanillaTransfo
 from hf_vanilla.data import DataArguments, load_from_args
 from hf_vanilla.evaluation import compute_bleu_chrf
 from hf_vanilla.hub import finish_model_folder, limit_tokenizer_length, registered_for_remote_code
+from hf_vanilla.launch_checks import check_fsdp_honoured, check_process_group
 from hf_vanilla.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla.tokenization import (
     check_tokenizer_matches_config,
@@ -433,6 +434,9 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
       label-smoothed ``<prefix>_loss``. They are read from the logits of the forward pass that
       computes the loss (no second pass), and gathered over processes without the sentences
       Accelerate repeats to even out the last batch.
+    * A run that asked for FSDP but would not be sharded (accelerate on CPU) is refused with a
+      :class:`~hf_vanilla.launch_checks.LaunchError` as soon as the Accelerator exists, before the
+      output folder is created (:func:`~hf_vanilla.launch_checks.check_fsdp_honoured`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -453,6 +457,10 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
                 "--learning_rate is 0: training will not change the weights (the schedule multiplies the peak "
                 "rate). Leave it out for the peak of Eq. (3), or give the rate you meant."
             )
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        check_fsdp_honoured(self.accelerator, self.args)
 
     def _warmup_steps_for_peak(self) -> int:
         warmup = self.args.warmup_steps
@@ -882,8 +890,11 @@ def run_training(
     """Train (or resume), save the final model, tokenizer and generation config in ``output_dir``,
     optionally average the last checkpoints, and evaluate on the validation and test splits.
 
-    Returns all metrics (``train_*``, ``eval_*``, ``test_*``, ``averaged_eval_*``, ...).
+    Returns all metrics (``train_*``, ``eval_*``, ``test_*``, ``averaged_eval_*``, ...). Processes a
+    launcher started that form no process group are refused first
+    (:func:`~hf_vanilla.launch_checks.check_process_group`).
     """
+    check_process_group(training_args)
     resume = resolve_resume_checkpoint(
         training_args.resume_from_checkpoint, training_args.output_dir, training_args.overwrite
     )

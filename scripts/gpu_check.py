@@ -10,9 +10,17 @@
    half, backward = 2 × forward) and cross-checked with ``torch.utils.flop_counter`` on one step.
 2. Peak memory of that step with and without gradient checkpointing, and the ratio.
 3. fp16 with loss scaling through the Trainer (``tests/test_precision.py::test_fp16_trainer_scales_the_loss_on_gpu``).
-4. FSDP smoke on 1 GPU: ``accelerate launch --config_file configs/accelerate/fsdp.yaml`` runs
-   ``scripts/train.py`` for 20 steps with checkpoints, resumes to 30 and evaluates; every checkpoint must
-   pass ``hf_vanilla.checkpointing.verify_checkpoint``.
+4. FSDP smoke on the GPU(s): ``accelerate launch --config_file configs/accelerate/fsdp.yaml`` runs
+   ``scripts/train.py`` (through ``tests/train_driver.py``, which only records) in bf16 for 20 steps with
+   checkpoints at 10 and 20, resumes to 30 and evaluates with generation. It checks what the CPU tests
+   (tests/test_fsdp.py, which force FSDP on for gloo with a test-only shim) cannot: that accelerate
+   itself turns FSDP on for a GPU launch (the launch is not refused, every rank reports
+   ``DistributedType.FSDP`` and sharded parameters), FSDP2 with bf16 mixed precision, the gathered
+   checkpoint written from GPU shards (every checkpoint passes ``verify_checkpoint``, the shared
+   matrix is stored once, ``from_pretrained`` reads the final model), and resuming onto GPUs: a copy of
+   checkpoint-10 resumed to 20 must end within ``--fsdp_resume_atol`` of checkpoint-20 (not bit for bit:
+   bf16 GPU kernels need not be deterministic). ``--fsdp_processes`` sets the number of GPUs (1 on one
+   H200, where each parameter's single shard is the whole tensor: real splitting over NCCL needs 2+).
 
 Writes ``gpu_check.json`` into ``--output_dir``.
 """
@@ -51,7 +59,11 @@ class CheckArguments:
     peak_tflops: float = field(default=790.0, metadata={"help": "Dense bf16 peak of the device, TFLOP/s."})
     device: str = field(default="cuda", metadata={"help": "cuda, or cpu for a dry run of the script."})
     fp16_check: bool = field(default=True, metadata={"help": "Run the fp16 loss-scaling Trainer test."})
-    fsdp_smoke: bool = field(default=True, metadata={"help": "Run the FSDP 1-GPU train/resume/eval smoke."})
+    fsdp_smoke: bool = field(default=True, metadata={"help": "Run the FSDP train/resume/eval smoke."})
+    fsdp_processes: int = field(default=1, metadata={"help": "GPUs (processes) for the FSDP smoke."})
+    fsdp_resume_atol: float = field(
+        default=1e-3, metadata={"help": "Resumed vs uninterrupted checkpoint-20, largest weight difference."}
+    )
     output_dir: str = field(default="runs/gpu_check", metadata={"help": "Where gpu_check.json goes."})
 
 
@@ -179,49 +191,105 @@ def fp16_trainer_check(output_dir: Path) -> dict[str, Any]:
     return {"check": "fp16 Trainer loss scaling", "ok": passed, "seconds": seconds}
 
 
-def fsdp_smoke(output_dir: Path) -> dict[str, Any]:
+def fsdp_smoke(output_dir: Path, args: CheckArguments) -> dict[str, Any]:
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    from transformers import AutoModelForSeq2SeqLM
+
     from hf_vanilla.checkpointing import verify_checkpoint
 
-    run_dir = output_dir / "fsdp_run"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-              str(ROOT / "configs" / "accelerate" / "fsdp.yaml"), "--num_processes", "1",
-              "--main_process_port", str(port), str(ROOT / "scripts" / "train.py")]  # fmt: skip
+    run_dir, resumed_dir = output_dir / "fsdp_run", output_dir / "fsdp_resumed"
+    for folder in (run_dir, resumed_dir):
+        shutil.rmtree(folder, ignore_errors=True)
+    cpu = args.device == "cpu"  # dry run: 2 gloo processes, FSDP forced on by the tests' shim
+    processes = 2 if cpu else args.fsdp_processes
+
+    def launch() -> list[str]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                str(ROOT / "configs" / "accelerate" / "fsdp.yaml"), "--num_processes", str(processes),
+                "--mixed_precision", "no" if cpu else "bf16", "--main_process_port", str(port),
+                str(ROOT / "tests" / "train_driver.py")]  # fmt: skip
+
+    size = ["--preset", "base", "--layers", "2", "--bf16", "true"] if not cpu else ["--d_model", "32",
+            "--layers", "2", "--attention_heads", "4", "--ffn_dim", "64", "--use_cpu"]  # fmt: skip
     train = ["--demo", "--demo_train_size", "4000", "--demo_validation_size", "15", "--demo_test_size", "0",
-             "--tokenizer_vocab_size", "1000", "--preset", "base", "--layers", "2", "--bf16", "true",
-             "--per_device_train_batch_size", "64", "--warmup_steps", "10", "--save_steps", "10",
-             "--eval_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
-             "--output_dir", str(run_dir)]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+             "--tokenizer_vocab_size", "1000", *size, "--dropout", "0",
+             "--per_device_train_batch_size", str(64 // processes), "--warmup_steps", "10", "--save_steps", "10",
+             "--eval_strategy", "no", "--report_to", "none", "--disable_tqdm", "true"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    if cpu:
+        env["HF_VANILLA_TEST_FSDP_ON_CPU"] = "1"
     log = output_dir / "fsdp_smoke.log"
-    first, t1 = _run([*launch, *train, "--max_steps", "20", "--do_eval", "false"], env, log, timeout=240)
-    second, t2 = (None, 0.0)
-    if first == 0:
-        second, t2 = _run(
-            [*launch, *train, "--max_steps", "30", "--resume_from_checkpoint", "last"], env, log, 240
-        )
+
+    def run(record: str, *extra: str) -> tuple[int, float]:
+        command = [*launch(), *train, *extra]
+        return _run(command, {**env, "HF_VANILLA_RECORD_DIR": str(output_dir / record)}, log, timeout=240)
+
+    codes, seconds = [], 0.0
+    for record, extra in (
+        ("fsdp_record_1", ["--output_dir", str(run_dir), "--max_steps", "20", "--do_eval", "false"]),
+        ("fsdp_record_2", ["--output_dir", str(run_dir), "--max_steps", "30", "--resume_from_checkpoint", "last"]),
+        ("fsdp_record_3", ["--output_dir", str(resumed_dir), "--max_steps", "20", "--do_eval", "false",
+                           "--resume_from_checkpoint", "last"]),
+    ):  # fmt: skip
+        if codes and codes[-1] != 0:
+            break
+        if record == "fsdp_record_3" and (run_dir / "checkpoint-10").is_dir():
+            shutil.copytree(run_dir / "checkpoint-10", resumed_dir / "checkpoint-10")
+        code, took = run(record, *extra)
+        codes.append(code)
+        seconds += took
+
+    ranks = [json.loads(p.read_text()) for p in sorted((output_dir / "fsdp_record_1").glob("rank-*.json"))]
+    sharded = len(ranks) == processes and all(
+        r["distributed_type"] == "DistributedType.FSDP" and r["sharded"] for r in ranks
+    )
     checkpoints, problems = sorted(p.name for p in run_dir.glob("checkpoint-*")), []
     for name in checkpoints:
         try:
             verify_checkpoint(run_dir / name)
+            with safe_open(run_dir / name / "model.safetensors", "pt") as handle:
+                if "lm_head.weight" in set(handle.keys()):
+                    problems.append(f"{name}: the shared matrix is stored twice")
         except Exception as err:  # reported in the table, not raised: the other checks still count
             problems.append(f"{name}: {err}")
+    resume_diff = None
+    if (resumed_dir / "checkpoint-20" / "model.safetensors").is_file() and "checkpoint-20" in checkpoints:
+        again = load_file(resumed_dir / "checkpoint-20" / "model.safetensors")
+        first = load_file(run_dir / "checkpoint-20" / "model.safetensors")
+        resume_diff = max((again[k].float() - first[k].float()).abs().max().item() for k in first)
+    loads = False
+    if (run_dir / "model.safetensors").is_file():
+        model = AutoModelForSeq2SeqLM.from_pretrained(run_dir)
+        loads = model.lm_head.weight is model.model.shared.weight and all(
+            torch.isfinite(p).all() for p in model.parameters()
+        )
     bleu = None
     if (run_dir / "eval_results.json").is_file():
         bleu = json.loads((run_dir / "eval_results.json").read_text()).get("eval_bleu")
     return {
-        "check": "FSDP 1 GPU: train 20, resume to 30, eval",
-        "ok": first == 0
-        and second == 0
+        "check": f"FSDP {processes} {'CPU process' if cpu else 'GPU'}(es): train 20, resume to 30, eval",
+        "ok": codes == [0, 0, 0]
+        and sharded
         and checkpoints == ["checkpoint-10", "checkpoint-20", "checkpoint-30"]
-        and not problems,
-        "exit_codes": [first, second],
+        and not problems
+        and resume_diff is not None
+        and resume_diff <= args.fsdp_resume_atol
+        and loads
+        and bleu is not None,
+        "exit_codes": codes,
+        "sharded_fsdp_on_every_rank": sharded,
         "checkpoints": checkpoints,
         "checkpoint_problems": problems,
+        "resumed_vs_uninterrupted_max_abs_diff": resume_diff,
+        "final_model_loads_tied": loads,
         "eval_bleu": bleu,
-        "seconds": t1 + t2,
+        "seconds": seconds,
         "log": str(log),
     }
 
@@ -267,7 +335,7 @@ def main() -> None:
     if args.fp16_check:
         checks.append(fp16_trainer_check(output_dir))
     if args.fsdp_smoke:
-        checks.append(fsdp_smoke(output_dir))
+        checks.append(fsdp_smoke(output_dir, args))
     for check in checks:
         extra = {k: v for k, v in check.items() if k not in ("check", "ok", "seconds")}
         print(

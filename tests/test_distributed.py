@@ -17,17 +17,20 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 import yaml
+from accelerate.utils import DistributedType
 from conftest import tiny_model
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_vanilla import VanillaTransformerForConditionalGeneration
 from hf_vanilla.data import make_demo_splits
+from hf_vanilla.launch_checks import LaunchError, check_fsdp_honoured, check_process_group
 from hf_vanilla.tokenization import train_tokenizer_from_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,6 +103,11 @@ def _launchers(name: str) -> list[str]:
             sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "ddp.yaml"),
             "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()), str(DRIVER),
         ]  # fmt: skip
+    if name == "accelerate-fsdp":  # the repository's FSDP config, as a user would launch it
+        return [
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "fsdp.yaml"),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()), str(DRIVER),
+        ]  # fmt: skip
     if name == "accelerate-flag":
         return [
             sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
@@ -117,17 +125,31 @@ def _launchers(name: str) -> list[str]:
 class Run:
     """One launched training run and what each of its processes recorded."""
 
-    def __init__(self, root: Path, launcher: str, args: list[str]) -> None:
+    def __init__(self, root: Path, launcher: str, args: list[str], env: dict[str, str] | None = None) -> None:
         self.out, self.record = root / "out", root / "record"
         self.command = [*_launchers(launcher), *args]
         self.process = subprocess.Popen(
-            self.command, env=_env(self.record), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            self.command,
+            env={**_env(self.record), **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         self.log = ""
 
     def wait(self) -> Run:
         self.log = self.process.communicate(timeout=900)[0]
         assert self.process.returncode == 0, f"{' '.join(self.command)}\n{self.log[-4000:]}"
+        return self
+
+    def refused(self, message: str) -> Run:
+        """The run failed, every process printed ``message`` as its one error line, nothing was written."""
+        self.log = self.process.communicate(timeout=900)[0]
+        assert self.process.returncode != 0, self.log[-4000:]
+        errors = [line for line in self.log.splitlines() if line.startswith("error: ")]
+        assert errors and all(message in line for line in errors), self.log[-4000:]
+        assert "LaunchError" not in self.log  # no traceback of ours, one line
+        assert not self.out.exists() and not self.record.exists()
         return self
 
     def ranks(self) -> list[dict[str, Any]]:
@@ -253,14 +275,45 @@ def test_accelerate_launch_runs_two_cpu_processes(
 
 
 @pytest.mark.slow
-def test_accelerate_launch_cpu_flag_runs_one_process(tmp_path: Path, tokenizer_dir: Path) -> None:
-    """The trap the README warns about: ``--cpu --num_processes 2`` silently trains in one process."""
-    run = Run(
-        tmp_path,
-        "accelerate-cpu",
-        _train_args(tokenizer_dir, tmp_path / "out", "--max_steps", "1", "--do_eval", "false"),
-    ).wait()
-    assert [r["world_size"] for r in run.ranks()] == [1]
+def test_accelerate_launch_cpu_flag_with_two_processes_is_refused(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """``--cpu --num_processes 2`` starts one process (accelerate 1.15); the script refuses it."""
+    run = Run(tmp_path, "accelerate-cpu", _train_args(tokenizer_dir, tmp_path / "out", "--max_steps", "1"))
+    run.refused("started only this one")
+    assert sum(line.startswith("error: ") for line in run.log.splitlines()) == 1
+
+
+def test_launch_without_use_cpu_on_a_cpu_machine_is_refused(tmp_path: Path, tokenizer_dir: Path) -> None:
+    """``torchrun --nproc_per_node 2`` without ``--use_cpu`` on a machine without GPUs: both processes
+    find no GPU and join no process group; instead of two unconnected runs into one --output_dir,
+    each refuses before writing anything."""
+    args = [a for a in _train_args(tokenizer_dir, tmp_path / "out") if a != "--use_cpu"]
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine the processes do form a process group")
+    Run(tmp_path, "torchrun", args).refused("joined no process group")
+
+
+@pytest.mark.parametrize(
+    "launcher, extra",
+    [
+        ("accelerate-fsdp", []),  # configs/accelerate/fsdp.yaml, as the README shows it, with --use_cpu
+        pytest.param(
+            "torchrun",
+            ["--fsdp", "full_shard auto_wrap", "--fsdp_config", json.dumps({"version": 2})],
+            marks=pytest.mark.slow,
+        ),  # the Trainer's own FSDP arguments
+    ],
+)
+def test_fsdp_on_cpu_is_refused_not_replaced_by_ddp(
+    tmp_path: Path, tokenizer_dir: Path, launcher: str, extra: list[str]
+) -> None:
+    """accelerate 1.15 applies FSDP only on GPUs: on CPU it would train plain DDP without a word."""
+    if torch.cuda.is_available():
+        pytest.skip("FSDP is honoured on GPUs")
+    Run(tmp_path, launcher, _train_args(tokenizer_dir, tmp_path / "out", *extra)).refused(
+        "FSDP was asked for"
+    )
 
 
 @pytest.mark.slow
@@ -342,3 +395,68 @@ def test_device_map_auto_with_a_memory_limit_generates_the_same_tokens(tmp_path:
         if "layers" in parts:
             assert len(parts) <= parts.index("layers") + 2, key
     torch.testing.assert_close(placed.generate(**inputs, max_new_tokens=12), expected, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Launch checks, one process (the launches above prove them end to end)
+# --------------------------------------------------------------------------------------------------
+_LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "ACCELERATE_USE_CPU", "MASTER_ADDR", "ACCELERATE_USE_FSDP")
+
+
+@pytest.fixture
+def clean_launch_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in _LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize(
+    "env, world_size, refused",
+    [
+        ({}, 1, False),  # python scripts/train.py
+        ({"WORLD_SIZE": "2", "RANK": "1"}, 2, False),  # torchrun --use_cpu: one process group of 2
+        ({"WORLD_SIZE": "1", "RANK": "0"}, 1, False),  # torchrun --nproc_per_node 1
+        ({"WORLD_SIZE": "2", "RANK": "1"}, 1, True),  # torchrun without --use_cpu on CPU
+        ({"ACCELERATE_USE_CPU": "True"}, 1, False),  # accelerate launch --cpu, 1 process
+        ({"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1"}, 1, True),  # --cpu --num_processes 2
+    ],
+)
+def test_check_process_group(
+    clean_launch_env: pytest.MonkeyPatch, env: dict[str, str], world_size: int, refused: bool
+) -> None:
+    for name, value in env.items():
+        clean_launch_env.setenv(name, value)
+    args = SimpleNamespace(world_size=world_size)
+    if refused:
+        with pytest.raises(LaunchError, match="Nothing was written"):
+            check_process_group(args)
+    else:
+        check_process_group(args)
+
+
+@pytest.mark.parametrize(
+    "fsdp, env, distributed_type, refused",
+    [
+        (None, {}, "MULTI_CPU", False),  # DDP asked, DDP given
+        (None, {"ACCELERATE_USE_FSDP": "true"}, "MULTI_CPU", True),  # fsdp.yaml on CPU
+        (True, {}, "MULTI_CPU", True),  # --fsdp on CPU
+        (True, {}, "NO", True),  # --fsdp, one process
+        (None, {"ACCELERATE_USE_FSDP": "true"}, "FSDP", False),  # sharded (GPUs, or the test shim)
+    ],
+)
+def test_check_fsdp_honoured(
+    clean_launch_env: pytest.MonkeyPatch,
+    fsdp: bool | None,
+    env: dict[str, str],
+    distributed_type: str,
+    refused: bool,
+) -> None:
+    for name, value in env.items():
+        clean_launch_env.setenv(name, value)
+    accelerator = SimpleNamespace(distributed_type=DistributedType[distributed_type], num_processes=2)
+    args = SimpleNamespace(fsdp=fsdp)
+    if refused:
+        with pytest.raises(LaunchError, match="FSDP was asked for"):
+            check_fsdp_honoured(accelerator, args)
+    else:
+        check_fsdp_honoured(accelerator, args)

@@ -6,12 +6,15 @@ Launched by tests/test_distributed.py and tests/test_faults.py as ``python``, ``
 script as ``__main__``. Controlled by environment variables:
 
 * ``HF_VANILLA_RECORD_DIR``: each process writes ``rank-<r>.json`` (rank, world size, pid, tokenizer
-  hash) when training starts, appends its logs to ``logs-rank<r>.jsonl``, saves its parameters to
+  hash, Accelerate's distributed type, whether the parameters are sharded) when training starts,
+  appends its logs to ``logs-rank<r>.jsonl``, saves its (whole) parameters to
   ``params-rank<r>.safetensors`` when training ends, and writes the decoded predictions and
   references that ``compute_metrics`` receives (after the cross-process gather) to
   ``eval-rank<r>-<call>.json``.
 * ``HF_VANILLA_BLOCK_AT_STEP=N``: after optimizer step N, write ``blocked`` into the record folder and
   wait until a signal arrives (the fault tests then send SIGTERM or SIGKILL).
+* ``HF_VANILLA_TEST_FSDP_ON_CPU=1``: a test-only shim (:func:`allow_fsdp_on_cpu`) that lets Accelerate
+  apply FSDP to a CPU (gloo) run, which accelerate 1.15 enables only for GPU-type modes.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from accelerate.state import AcceleratorState
+from accelerate.utils import DistributedType
 from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback
 
 import hf_vanilla.training as training
@@ -35,6 +41,28 @@ from hf_vanilla.checkpointing import SaveOnSignalCallback
 ROOT = Path(__file__).resolve().parents[1]
 RECORD_DIR = os.environ.get("HF_VANILLA_RECORD_DIR")
 BLOCK_AT_STEP = int(os.environ.get("HF_VANILLA_BLOCK_AT_STEP", "0"))
+
+
+def allow_fsdp_on_cpu() -> None:
+    """Test only: make ``AcceleratorState`` honour an FSDP plugin on ``MULTI_CPU`` (gloo).
+
+    accelerate 1.15 switches to ``DistributedType.FSDP`` only for GPU-type modes and silently keeps DDP
+    on CPU (which the training script refuses). ``torch.distributed.fsdp.fully_shard`` itself works on
+    CPU with gloo, so this shim does exactly what accelerate does for a GPU mode, on ``MULTI_CPU``.
+    """
+    original = AcceleratorState.__init__
+
+    def init(self: AcceleratorState, *args: Any, fsdp_plugin: Any = None, **kwargs: Any) -> None:
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        # Every AcceleratorState() copies PartialState's MULTI_CPU back in: set FSDP again each time.
+        plugin = fsdp_plugin if fsdp_plugin is not None else getattr(self, "fsdp_plugin", None)
+        if plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            if fsdp_plugin is not None and self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = plugin
+
+    AcceleratorState.__init__ = init
 
 
 class Recorder(TrainerCallback):
@@ -50,6 +78,8 @@ class Recorder(TrainerCallback):
             "world_size": args.world_size,
             "pid": os.getpid(),
             "tokenizer_sha256": hashlib.sha256(backend.encode()).hexdigest(),
+            "distributed_type": str(self.trainer.accelerator.distributed_type),
+            "sharded": any(isinstance(p, DTensor) for p in kwargs["model"].parameters()),
         }
         (self.dir / f"rank-{self.rank}.json").write_text(json.dumps(info))
 
@@ -59,7 +89,10 @@ class Recorder(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs["model"]
-        params = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
+        params = {  # an FSDP-sharded parameter (DTensor) is gathered whole, by every rank together
+            k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().to("cpu").clone().contiguous()
+            for k, v in model.state_dict().items()
+        }
         save_file(params, str(self.dir / f"params-rank{self.rank}.safetensors"))
 
 
@@ -123,6 +156,8 @@ class InstrumentedTrainer(training.PaperSeq2SeqTrainer):
 
 
 training.PaperSeq2SeqTrainer = InstrumentedTrainer
+if os.environ.get("HF_VANILLA_TEST_FSDP_ON_CPU") == "1":
+    allow_fsdp_on_cpu()
 
 if __name__ == "__main__":
     sys.argv[0] = str(ROOT / "scripts" / "train.py")

@@ -1,0 +1,92 @@
+"""Refuse launches a training run cannot honour, before it writes anything.
+
+Measured with torch 2.13, transformers 5.24 and accelerate 1.15 on a machine without GPUs, each of
+these used to exit 0 having done something else than was asked (README, "Scaling"):
+
+* ``torchrun`` or ``accelerate launch`` (with a multi-process config) without ``--use_cpu``: each
+  process finds no GPU, sets up no process group and trains alone — N unconnected single-process runs
+  writing into the same ``--output_dir``. :func:`check_process_group` refuses them.
+* ``accelerate launch --cpu --num_processes N``: one process. Refused by the same check.
+* FSDP asked for (an accelerate config with ``distributed_type: FSDP``, or the Trainer's ``--fsdp``)
+  on CPU: accelerate enables FSDP only for GPU-type modes and trains plain DDP (``MULTI_CPU``)
+  without a word. :func:`check_fsdp_honoured` refuses it.
+
+The choice is to refuse rather than fall back: a run that asked to be sharded and is not may run out
+of memory much later, and a DDP run is not what its saved arguments say it was. The messages say
+what to run instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+from transformers import TrainingArguments
+
+__all__ = ["LaunchError", "check_fsdp_honoured", "check_process_group", "fsdp_requested"]
+
+_NOTHING_WRITTEN = "Nothing was written."
+
+
+class LaunchError(ValueError):
+    """The processes were launched in a way the run cannot honour; the message says what to do.
+
+    A ``ValueError``, so that the commands end it in one line (:func:`hf_vanilla.cli.run_cli`).
+    """
+
+
+def check_process_group(training_args: TrainingArguments) -> None:
+    """Refuse a process that a launcher started as one of several but that joined no process group.
+
+    ``WORLD_SIZE`` > 1 (set by ``torchrun`` and by ``accelerate launch`` for several processes) must
+    equal the run's world size. ``accelerate launch`` with ``--cpu`` sets ``ACCELERATE_USE_CPU`` and,
+    when more than one process was asked for, ``MASTER_ADDR``, but starts only one process.
+    """
+    world_size = training_args.world_size
+    launched = os.environ.get("WORLD_SIZE", "").strip()
+    if launched.isdigit() and int(launched) > 1 and world_size != int(launched):
+        rank = os.environ.get("RANK", "?")
+        raise LaunchError(
+            f"This process was started as rank {rank} of WORLD_SIZE={launched}, but it joined no process group "
+            f"(world size {world_size}), so the processes would train unconnected copies into one --output_dir. "
+            "On a machine without GPUs pass --use_cpu to train over gloo (torchrun --nproc_per_node N "
+            "scripts/train.py --use_cpu ...); on GPUs check that every process sees one. "
+            f"{_NOTHING_WRITTEN}"
+        )
+    accelerate_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"
+    if accelerate_cpu and "MASTER_ADDR" in os.environ and not launched and world_size == 1:
+        raise LaunchError(
+            "accelerate launch --cpu was asked for several processes but started only this one (accelerate "
+            "1.15 runs --cpu as a single process). For N processes on CPU run `accelerate launch --multi_gpu "
+            "--num_processes N scripts/train.py --use_cpu ...` or `torchrun --nproc_per_node N scripts/train.py "
+            f"--use_cpu ...`; for one process drop --num_processes. {_NOTHING_WRITTEN}"
+        )
+
+
+def fsdp_requested(training_args: TrainingArguments) -> str | None:
+    """Where FSDP was asked for: the Trainer's ``--fsdp``, accelerate's ``ACCELERATE_USE_FSDP`` (an
+    accelerate config with ``distributed_type: FSDP``, or ``--use_fsdp``), or ``None``."""
+    if training_args.fsdp:
+        return "--fsdp"
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        return "the accelerate config (distributed_type: FSDP)"
+    return None
+
+
+def check_fsdp_honoured(accelerator: Accelerator, training_args: TrainingArguments) -> None:
+    """Refuse a run that asked for FSDP but whose Accelerator does not shard (plain DDP or one process)."""
+    asked = fsdp_requested(training_args)
+    if asked is None or accelerator.distributed_type == DistributedType.FSDP:
+        return
+    if accelerator.distributed_type == DistributedType.MULTI_CPU:
+        instead = "plain DDP on CPU (accelerate 1.15 enables FSDP only on GPUs and similar accelerators)"
+    else:
+        instead = (
+            f"{accelerator.distributed_type.value} with {accelerator.num_processes} process(es), unsharded"
+        )
+    raise LaunchError(
+        f"FSDP was asked for ({asked}), but this run would train {instead}. Run it on GPUs, or drop the FSDP "
+        "setting to train with DDP (configs/accelerate/ddp.yaml, or torchrun --nproc_per_node N scripts/train.py "
+        f"--use_cpu ... on CPU). {_NOTHING_WRITTEN}"
+    )
