@@ -22,8 +22,8 @@ _cache`                                                                       O(
 
 **One gate each.** A fast path runs only where it was measured (the CPU, fp32) and only where it is
 invisible: never under ``torch.compile``, TorchScript tracing or scripting, ``torch.func``
-transforms, autocast, or for a module that is not exactly the stock ``nn.Linear`` or that carries
-hooks (forward, backward, global, or accelerate's, which replace ``module.forward``). Everywhere
+transforms, autocast, or for a module that is not exactly the stock ``nn.Linear`` with a plain weight
+(not a torchao tensor subclass) or that carries hooks (forward, backward, global, or accelerate's, which replace ``module.forward``). Everywhere
 else — GPUs, other dtypes, quantized or adapted layers, offloading — the model runs the stock
 operator, so every tool that works on stock modules works on this model.
 
@@ -74,11 +74,14 @@ def _global_hooks() -> bool:
 
 
 def _stock_linear(module: nn.Module) -> bool:
-    """Whether calling ``module`` would run exactly ``nn.Linear.forward`` and nothing else: its type is
-    ``nn.Linear`` itself (not a quantized, adapted or subclassed layer), no hook is registered on it or
-    globally, and no one replaced its ``forward`` (accelerate's hooks do)."""
+    """Whether calling ``module`` would run exactly ``nn.Linear.forward`` on plain tensors and nothing
+    else: its type is ``nn.Linear`` itself (not a quantized, adapted or subclassed layer), its weight is
+    a plain parameter (torchao's quantization keeps the ``nn.Linear`` and swaps its weight for a tensor
+    subclass that dispatches ``F.linear`` to int8 kernels), no hook is registered on it or globally, and
+    no one replaced its ``forward`` (accelerate's hooks do)."""
     return (
         type(module) is nn.Linear
+        and type(module.weight) is nn.Parameter
         and not (module._forward_hooks or module._forward_pre_hooks)
         and not (module._backward_hooks or module._backward_pre_hooks)
         and "forward" not in module.__dict__

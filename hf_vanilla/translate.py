@@ -42,6 +42,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_vanilla.checkpointing import atomic_file, load_pretrained_checked, refuse_to_replace
+from hf_vanilla.quantization import check_route, from_pretrained_kwargs, quantize_loaded
 from hf_vanilla.tokenization import check_tokenizer_matches_config, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -226,6 +227,13 @@ class ModelArguments:
         default="auto", metadata={"help": "'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ..."}
     )
     batch_size: int = field(default=64, metadata={"help": "Sentences per batch (sorted by length)."})
+    quantization: str = field(
+        default="none",
+        metadata={
+            "help": "Run the model reduced: 'dynamic-int8' (torch quantize_dynamic, CPU), 'torchao-int8-weight', "
+            "'torchao-int8-dynamic' (transformers' TorchAoConfig), 'bf16'; see hf_vanilla.quantization."
+        },
+    )
     trust_remote_code: bool = field(
         default=False,
         metadata={"help": "Allow code shipped with a Hub model (not needed with hf_vanilla installed)."},
@@ -256,8 +264,12 @@ def load_model(name: str | Path, **kwargs: Any) -> Any:
 
 def load_model_and_tokenizer(args: ModelArguments, attn_implementation: str | None = None) -> tuple[Any, Any]:
     """Load the seq2seq model and tokenizer (importing hf_vanilla has registered its Auto classes) and
-    check that they belong together (:func:`hf_vanilla.tokenization.check_tokenizer_matches_config`)."""
+    check that they belong together (:func:`hf_vanilla.tokenization.check_tokenizer_matches_config`);
+    ``args.quantization`` names a route of :mod:`hf_vanilla.quantization`."""
+    device = resolve_device(args.device)
+    check_route(args.quantization, device)
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
+    kwargs.update(from_pretrained_kwargs(args.quantization))
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     model = load_model(args.model_name_or_path, **kwargs)
@@ -266,7 +278,7 @@ def load_model_and_tokenizer(args: ModelArguments, attn_implementation: str | No
     check_tokenizer_matches_config(
         tokenizer, model.config, f"tokenizer {tokenizer_source}, model {args.model_name_or_path}"
     )
-    model.to(resolve_device(args.device)).eval()
+    model = quantize_loaded(model.to(device), args.quantization).eval()
     return model, tokenizer
 
 

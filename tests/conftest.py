@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny configs (d_model 32, 2 + 2 layers, 4 heads, vocab 100) and a tiny tokenizer."""
+"""Shared fixtures: tiny configs (d_model 32, 2 + 2 layers, 4 heads, vocab 100), a tiny tokenizer, and a
+tiny model trained on a copy task."""
 
 from __future__ import annotations
 
@@ -113,3 +114,30 @@ def run_clean(code: str, cwd: Path, *args: str, block_hf_vanilla: bool = True) -
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def copy_task(generator: torch.Generator, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sources of 6 random words (4…19) + </s>; the target is the source."""
+    words = torch.randint(4, 20, (rows, 6), generator=generator)
+    source = torch.cat([words, torch.full((rows, 1), 2)], dim=1)
+    return source, source.clone()
+
+
+@pytest.fixture(scope="session")
+def copy_model() -> VanillaTransformerForConditionalGeneration:
+    """A tiny model trained to copy its input (a few seconds), shared by the session (deep-copy it
+    before changing it): its greedy outputs are confident, so a change of kernels or precision that
+    changes them is a real change."""
+    torch.manual_seed(0)
+    model = tiny_model(vocab_size=20, d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, dropout=0.0)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 50))
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(400):
+        source, labels = copy_task(generator, 32)
+        optimizer.zero_grad()
+        model(input_ids=source, labels=labels).loss.backward()
+        optimizer.step()
+        warmup.step()
+    return model.eval()

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import copy_task, tiny_model
 from torch import nn
 from torch.nn import functional as F
 
@@ -292,32 +292,6 @@ def test_autocast_gives_what_stock_modules_give(batch, monkeypatch) -> None:
     assert torch.equal(fast.encoder_last_hidden_state, stock.encoder_last_hidden_state)
 
 
-def _copy_task(generator: torch.Generator, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sources of 6 random words (4…19) + </s>; the target is the source."""
-    words = torch.randint(4, 20, (rows, 6), generator=generator)
-    source = torch.cat([words, torch.full((rows, 1), 2)], dim=1)
-    return source, source.clone()
-
-
-@pytest.fixture(scope="module")
-def copy_model() -> VanillaTransformerForConditionalGeneration:
-    """A tiny model trained to copy its input (a few seconds): its greedy outputs are confident, so
-    a change of kernels or precision that changes them is a real change."""
-    torch.manual_seed(0)
-    model = tiny_model(vocab_size=20, d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, dropout=0.0)
-    model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
-    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 50))
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(400):
-        source, labels = _copy_task(generator, 32)
-        optimizer.zero_grad()
-        model(input_ids=source, labels=labels).loss.backward()
-        optimizer.step()
-        warmup.step()
-    return model.eval()
-
-
 def test_dynamic_quantization_quantizes_every_linear_and_keeps_greedy_tokens(copy_model) -> None:
     linears = [name for name, module in copy_model.named_modules() if type(module) is nn.Linear]
     quantized = torch.ao.quantization.quantize_dynamic(
@@ -327,7 +301,7 @@ def test_dynamic_quantization_quantizes_every_linear_and_keeps_greedy_tokens(cop
     assert len(linears) == 2 * (4 + 2) + 2 * (8 + 2) + 1  # attention projections, FFNs, lm_head
     for name in linears:
         assert isinstance(modules[name], torch.ao.nn.quantized.dynamic.Linear), name
-    source, _ = _copy_task(torch.Generator().manual_seed(1), 64)
+    source, _ = copy_task(torch.Generator().manual_seed(1), 64)
     with torch.no_grad():
         fp32 = copy_model.generate(source, num_beams=1, max_new_tokens=8)
         int8 = quantized.generate(source, num_beams=1, max_new_tokens=8)
