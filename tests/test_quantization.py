@@ -12,6 +12,7 @@ import torch
 from conftest import copy_task, tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from torch import nn
+from torch.nn import functional as F
 from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
 
 from hf_vanilla import VanillaTransformerForConditionalGeneration, fast_paths
@@ -41,7 +42,10 @@ def _greedy(model: nn.Module, source: torch.Tensor) -> torch.Tensor:
 
 
 def _agreement(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """(share of identical sentences, share of identical tokens)."""
+    """(share of identical sentences, share of identical tokens); outputs that stopped earlier are
+    padded with -1, which matches no token."""
+    width = max(a.shape[1], b.shape[1])
+    a, b = (F.pad(x, (0, width - x.shape[1]), value=-1) for x in (a, b))
     same = a == b
     return same.all(dim=1).float().mean().item(), same.float().mean().item()
 
