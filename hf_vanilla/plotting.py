@@ -34,6 +34,8 @@ from hf_vanilla.translate import paper_generation_kwargs
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "attention_mean_figure",
+    "cross_attention",
     "cross_attention_for_pair",
     "load_log_history",
     "plot_attention_grid",
@@ -212,15 +214,14 @@ def plot_attention_grid(
     return _save(fig, path, dpi)
 
 
-def plot_attention_mean(
+def attention_mean_figure(
     attentions: np.ndarray,
     source_tokens: Sequence[str],
     target_tokens: Sequence[str],
-    path: str | Path,
     title: str = "Encoder-decoder attention, mean over layers and heads",
-    dpi: int = 100,
-) -> Path:
-    """Draw the attention averaged over all layers and heads as one heatmap (a soft alignment)."""
+) -> Figure:
+    """The attention averaged over all layers and heads as one heatmap (a soft alignment), as a
+    matplotlib ``Figure`` (the web demo shows it; :func:`plot_attention_mean` writes it)."""
     attentions = np.asarray(attentions, dtype=np.float32)
     _check_attention(attentions, source_tokens, target_tokens)
     _, _, tgt_len, src_len = attentions.shape
@@ -231,7 +232,19 @@ def plot_attention_mean(
     ax.set_ylabel("target")
     ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=ax, label="attention weight")
-    return _save(fig, path, dpi)
+    return fig
+
+
+def plot_attention_mean(
+    attentions: np.ndarray,
+    source_tokens: Sequence[str],
+    target_tokens: Sequence[str],
+    path: str | Path,
+    title: str = "Encoder-decoder attention, mean over layers and heads",
+    dpi: int = 100,
+) -> Path:
+    """Write :func:`attention_mean_figure` as a PNG file."""
+    return _save(attention_mean_figure(attentions, source_tokens, target_tokens, title), path, dpi)
 
 
 def cross_attention_for_pair(
@@ -264,6 +277,20 @@ def cross_attention_for_pair(
         target_ids = target_ids[target_ids != model.config.pad_token_id]
     else:
         target_ids = tokenizer(text_target=target, return_tensors="pt")["input_ids"][0].to(device)
+    return cross_attention(model, tokenizer, source, target_ids)
+
+
+def cross_attention(
+    model: Any, tokenizer: Any, source: str, target_ids: torch.Tensor | Sequence[int]
+) -> tuple[np.ndarray, list[str], list[str]]:
+    """The cross-attention weights of ``source`` → ``target_ids`` (a target as token ids, without the
+    decoder start token, e.g. a translation ``generate()`` made) and the readable labels of both
+    sides; see :func:`cross_attention_for_pair` for the shapes. The source is cut at the
+    tokenizer's ``model_max_length``, as for translation."""
+    device = next(model.parameters()).device
+    encoded = tokenizer(source, truncation=True, return_tensors="pt").to(device)
+    start = model.config.decoder_start_token_id
+    target_ids = torch.as_tensor(target_ids, device=device).flatten()
     decoder_input_ids = torch.cat([torch.tensor([start], device=device), target_ids[:-1]]).unsqueeze(0)
     was_training = model.training
     model.eval()
