@@ -5,7 +5,8 @@ backend switch, no display needed) and saved as PNG files:
 
 * :func:`plot_cross_attention` — encoder-decoder attention (§3.2.3) of one sentence pair: one
   heatmap per layer × head plus the mean over heads, source tokens on the x axis, target tokens on
-  the y axis (the style of the paper's Figures 3–5, which show self-attention).
+  the y axis (the style of the paper's Figures 3–5, which show self-attention). The tick labels are
+  the decoded text of each token (:func:`token_labels`), not the byte-level BPE symbols.
 * :func:`plot_positional_encoding` — the sinusoidal encoding matrix of §3.5, positions × dimensions.
 * :func:`plot_training_curves` — training/validation loss (label-smoothed, and the unsmoothed
   validation NLL), validation perplexity, validation BLEU and the learning rate (§5.3, Eq. 3) from
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from tokenizers import decoders
 
 from hf_vanilla.checkpointing import atomic_file
 from hf_vanilla.modeling_vanilla_transformer import sinusoidal_position_encoding
@@ -32,6 +34,8 @@ from hf_vanilla.translate import paper_generation_kwargs
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "attention_mean_figure",
+    "cross_attention",
     "cross_attention_for_pair",
     "load_log_history",
     "plot_attention_grid",
@@ -39,6 +43,7 @@ __all__ = [
     "plot_cross_attention",
     "plot_positional_encoding",
     "plot_training_curves",
+    "token_labels",
 ]
 
 
@@ -59,6 +64,91 @@ def _save(fig: Figure, path: str | Path, dpi: int) -> Path:
 # Cross-attention (§3.2.3: "queries come from the previous decoder layer, and the memory keys and
 # values come from the output of the encoder")
 # --------------------------------------------------------------------------------------------------
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """The byte-level BPE alphabet (GPT-2's ``bytes_to_unicode``, used by ``tokenizers``' ``ByteLevel``):
+    each byte is written as one printable character (printable Latin-1 bytes as themselves, the others
+    from U+0100 on, so the space byte is ``Ġ``). Returns character → byte."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    alphabet = {chr(byte): byte for byte in printable}
+    shifted = 256
+    for byte in range(256):
+        if byte not in printable:
+            alphabet[chr(shifted)] = byte
+            shifted += 1
+    return alphabet
+
+
+def _utf8_length(lead: int) -> int:
+    """Bytes of the UTF-8 sequence that starts with ``lead`` (1 for a byte that cannot start one)."""
+    if lead >= 0xF0:
+        return 4
+    if lead >= 0xE0:
+        return 3
+    if lead >= 0xC0:
+        return 2
+    return 1
+
+
+def _readable(text: str) -> str:
+    return text.strip() or "␣"
+
+
+def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """The text of each token, for axis labels: ``Ġthousand`` → ``thousand``, ``fÃ¼nf`` → ``fünf``.
+
+    For a byte-level BPE (a ``ByteLevel`` decoder, as :mod:`hf_vanilla.tokenization` trains) the
+    tokens' bytes are decoded as UTF-8 together, and each token is labelled with the characters its
+    bytes belong to: a character split over two tokens (``ü`` is two bytes) labels both, and bytes
+    that are no valid UTF-8 show as U+FFFD (�). Other tokenizers decode each token alone. Special
+    tokens keep their names (``</s>``); surrounding whitespace is dropped, and a token of only
+    whitespace is shown as ``␣``.
+    """
+    ids = [int(token_id) for token_id in ids]
+    special = set(tokenizer.all_special_ids)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not isinstance(backend.decoder, decoders.ByteLevel):
+        return [
+            tokenizer.convert_ids_to_tokens(token_id)
+            if token_id in special
+            else _readable(tokenizer.decode([token_id], clean_up_tokenization_spaces=False))
+            for token_id in ids
+        ]
+    alphabet = _byte_level_alphabet()
+    labels = [""] * len(ids)
+    owners: list[int] = []  # the token index of each byte of the current run of non-special tokens
+    data = bytearray()
+
+    def label_run() -> None:
+        start = 0
+        while start < len(data):
+            end = min(start + _utf8_length(data[start]), len(data))
+            try:
+                char = bytes(data[start:end]).decode("utf-8")
+            except UnicodeDecodeError:
+                char, end = "\ufffd", start + 1
+            for owner in dict.fromkeys(owners[start:end]):
+                labels[owner] += char
+            start = end
+        owners.clear()
+        data.clear()
+
+    for index, (token_id, piece) in enumerate(zip(ids, tokenizer.convert_ids_to_tokens(ids), strict=True)):
+        if token_id in special:
+            label_run()
+            labels[index] = piece
+            continue
+        for char in piece:  # a character outside the alphabet (an added token) stands for its UTF-8 bytes
+            encoded = bytes([alphabet[char]]) if char in alphabet else char.encode("utf-8")
+            data.extend(encoded)
+            owners.extend([index] * len(encoded))
+    label_run()
+    return [label if ids[index] in special else _readable(label) for index, label in enumerate(labels)]
 
 
 def _check_attention(
@@ -124,15 +214,14 @@ def plot_attention_grid(
     return _save(fig, path, dpi)
 
 
-def plot_attention_mean(
+def attention_mean_figure(
     attentions: np.ndarray,
     source_tokens: Sequence[str],
     target_tokens: Sequence[str],
-    path: str | Path,
     title: str = "Encoder-decoder attention, mean over layers and heads",
-    dpi: int = 100,
-) -> Path:
-    """Draw the attention averaged over all layers and heads as one heatmap (a soft alignment)."""
+) -> Figure:
+    """The attention averaged over all layers and heads as one heatmap (a soft alignment), as a
+    matplotlib ``Figure`` (the web demo shows it; :func:`plot_attention_mean` writes it)."""
     attentions = np.asarray(attentions, dtype=np.float32)
     _check_attention(attentions, source_tokens, target_tokens)
     _, _, tgt_len, src_len = attentions.shape
@@ -143,7 +232,19 @@ def plot_attention_mean(
     ax.set_ylabel("target")
     ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=ax, label="attention weight")
-    return _save(fig, path, dpi)
+    return fig
+
+
+def plot_attention_mean(
+    attentions: np.ndarray,
+    source_tokens: Sequence[str],
+    target_tokens: Sequence[str],
+    path: str | Path,
+    title: str = "Encoder-decoder attention, mean over layers and heads",
+    dpi: int = 100,
+) -> Path:
+    """Write :func:`attention_mean_figure` as a PNG file."""
+    return _save(attention_mean_figure(attentions, source_tokens, target_tokens, title), path, dpi)
 
 
 def cross_attention_for_pair(
@@ -160,7 +261,8 @@ def cross_attention_for_pair(
     shows where the model looked while producing its output.
 
     Returns:
-        ``(attentions, source_tokens, target_tokens)``; attentions has shape
+        ``(attentions, source_tokens, target_tokens)``; the tokens are readable labels
+        (:func:`token_labels`), one per position; attentions has shape
         (layers, heads, target_len, source_len). Row *t* is the decoder position that predicts
         target token *t* (its input is the previous token, starting from the decoder start token).
     """
@@ -175,6 +277,20 @@ def cross_attention_for_pair(
         target_ids = target_ids[target_ids != model.config.pad_token_id]
     else:
         target_ids = tokenizer(text_target=target, return_tensors="pt")["input_ids"][0].to(device)
+    return cross_attention(model, tokenizer, source, target_ids)
+
+
+def cross_attention(
+    model: Any, tokenizer: Any, source: str, target_ids: torch.Tensor | Sequence[int]
+) -> tuple[np.ndarray, list[str], list[str]]:
+    """The cross-attention weights of ``source`` → ``target_ids`` (a target as token ids, without the
+    decoder start token, e.g. a translation ``generate()`` made) and the readable labels of both
+    sides; see :func:`cross_attention_for_pair` for the shapes. The source is cut at the
+    tokenizer's ``model_max_length``, as for translation."""
+    device = next(model.parameters()).device
+    encoded = tokenizer(source, truncation=True, return_tensors="pt").to(device)
+    start = model.config.decoder_start_token_id
+    target_ids = torch.as_tensor(target_ids, device=device).flatten()
     decoder_input_ids = torch.cat([torch.tensor([start], device=device), target_ids[:-1]]).unsqueeze(0)
     was_training = model.training
     model.eval()
@@ -189,8 +305,8 @@ def cross_attention_for_pair(
             "with attn_implementation='eager' (from_pretrained(..., attn_implementation='eager'))."
         )
     attentions = torch.stack([layer[0] for layer in outputs.cross_attentions]).float().cpu().numpy()
-    source_tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
-    target_tokens = tokenizer.convert_ids_to_tokens(target_ids.tolist())
+    source_tokens = token_labels(tokenizer, encoded["input_ids"][0].tolist())
+    target_tokens = token_labels(tokenizer, target_ids.tolist())
     return attentions, source_tokens, target_tokens
 
 

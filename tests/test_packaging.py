@@ -24,6 +24,8 @@ COMMANDS = {
     "hf-vanilla-convert": "hf_vanilla.cli.convert:main",
     "hf-vanilla-export-ct2": "hf_vanilla.cli.export_ctranslate2:main",
     "hf-vanilla-demo": "hf_vanilla.demo:main",
+    "hf-vanilla-app": "hf_vanilla.app:main",
+    "hf-vanilla-export-onnx": "hf_vanilla.cli.export_onnx:main",
 }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tiny_model
 from matplotlib import image as mpimg
 
 from hf_vanilla.plotting import (
@@ -19,7 +20,9 @@ from hf_vanilla.plotting import (
     plot_cross_attention,
     plot_positional_encoding,
     plot_training_curves,
+    token_labels,
 )
+from hf_vanilla.tokenization import train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -153,6 +156,41 @@ def test_cross_attention_of_the_models_own_translation(model, tokenizer, tmp_pat
     grid, mean = plot_cross_attention(model, tokenizer, "w1 w2 w3", tmp_path, target="w4 w5 w6", dpi=40)
     assert (grid.name, mean.name) == ("cross_attention_grid.png", "cross_attention_mean.png")
     png_pixels(grid), png_pixels(mean)
+
+
+# --- readable token labels ------------------------------------------------------------------------
+
+GERMAN = "Die Brücke über den Fluß ist schön grün."
+
+
+def test_labels_of_whole_words_with_umlauts() -> None:
+    """A byte-level BPE that learned the words: labels are the words, not `ĠbrÃ¼cke`."""
+    tokenizer = train_bpe_tokenizer([GERMAN] * 50, vocab_size=400, min_frequency=1)
+    ids = tokenizer(GERMAN)["input_ids"]
+    raw = tokenizer.convert_ids_to_tokens(ids)
+    assert any("Ã" in token for token in raw) and any(token.startswith("Ġ") for token in raw)  # what it fixes
+    words = [*GERMAN[:-1].split(), "."]
+    assert token_labels(tokenizer, ids) == [*words, "</s>"]
+
+
+def test_labels_of_characters_split_over_tokens() -> None:
+    """No merges: every byte is a token. The two bytes of `ü` both carry the label `ü`; a space is
+    `␣` and bytes that are not UTF-8 are U+FFFD."""
+    tokenizer = train_bpe_tokenizer(["x"], vocab_size=260)
+    ids = tokenizer(" grün")["input_ids"]
+    assert token_labels(tokenizer, ids) == ["␣", "g", "r", "ü", "ü", "n", "</s>"]
+    umlaut_first_byte = ids[3]
+    assert token_labels(tokenizer, [umlaut_first_byte, 2, ids[1]]) == ["\ufffd", "</s>", "g"]
+
+
+def test_cross_attention_labels_are_readable() -> None:
+    tokenizer = train_bpe_tokenizer([GERMAN] * 50, vocab_size=400, min_frequency=1)
+    model = tiny_model(vocab_size=len(tokenizer))
+    _, source_tokens, target_tokens = cross_attention_for_pair(
+        model, tokenizer, GERMAN, "Die Brücke ist grün"
+    )
+    assert source_tokens == [*GERMAN[:-1].split(), ".", "</s>"]
+    assert target_tokens == ["Die", "Brücke", "ist", "grün", "</s>"]
 
 
 # --- the script -------------------------------------------------------------------------------------

@@ -14,7 +14,9 @@
 | ``hf-vanilla-publish`` | :mod:`hf_vanilla.cli.publish` |
 | ``hf-vanilla-convert`` | :mod:`hf_vanilla.cli.convert` |
 | ``hf-vanilla-export-ct2`` | :mod:`hf_vanilla.cli.export_ctranslate2` |
+| ``hf-vanilla-export-onnx`` | :mod:`hf_vanilla.cli.export_onnx` |
 | ``hf-vanilla-demo`` | :mod:`hf_vanilla.demo` |
+| ``hf-vanilla-app`` | :mod:`hf_vanilla.app` (the web demo) |
 
 Each command (and ``python -m hf_vanilla.demo``) has a ``main(argv)`` that returns an exit status
 through :func:`run_cli`:

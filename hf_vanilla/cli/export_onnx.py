@@ -1,0 +1,51 @@
+"""Write ONNX graphs for cached greedy decoding from an hf_vanilla model folder (needs
+`pip install 'hf_vanilla[onnx]'`).
+
+    hf-vanilla-export-onnx --model_dir demo_output --output_dir demo_output_onnx
+
+The output holds `encoder.onnx` (encoder + first decoder step), `decoder_with_past.onnx` (one cached
+step), the config, generation config and tokenizer; `hf_vanilla.export_onnx.greedy_generate` runs them
+with ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+from transformers import HfArgumentParser
+
+from hf_vanilla.checkpointing import refuse_to_replace
+from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
+from hf_vanilla.export_onnx import export_onnx
+from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
+
+logger = logging.getLogger("export_onnx")
+
+
+@dataclass
+class OnnxExportArguments:
+    model_dir: str = field(metadata={"help": "The hf_vanilla model folder (model, config and tokenizer)."})
+    output_dir: str = field(metadata={"help": "Where to write the ONNX graphs."})
+    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
+
+
+def _run(argv: list[str]) -> None:
+    parser = HfArgumentParser(OnnxExportArguments, description=__doc__, epilog=DEBUG_EPILOG)
+    (args,) = parser.parse_args_into_dataclasses(args=argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    refuse_to_replace(args.output_dir, args.overwrite)
+    model, tokenizer = load_model_and_tokenizer(
+        ModelArguments(model_name_or_path=args.model_dir, device="cpu")
+    )
+    export_onnx(model, tokenizer, args.output_dir, overwrite=args.overwrite)
+    logger.info("Exported %s to %s", args.model_dir, args.output_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
