@@ -15,9 +15,10 @@ backend switch, no display needed) and saved as PNG files:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +248,17 @@ def plot_attention_mean(
     return _save(attention_mean_figure(attentions, source_tokens, target_tokens, title), path, dpi)
 
 
+@contextlib.contextmanager
+def _eval_mode(model: Any) -> Iterator[None]:
+    """The model in eval mode (no dropout) for the block, then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 def cross_attention_for_pair(
     model: Any,
     tokenizer: Any,
@@ -267,11 +279,11 @@ def cross_attention_for_pair(
         target token *t* (its input is the previous token, starting from the decoder start token).
     """
     device = next(model.parameters()).device
-    encoded = tokenizer(source, return_tensors="pt").to(device)
+    encoded = tokenizer(source, truncation=True, return_tensors="pt").to(device)
     start = model.config.decoder_start_token_id
     if target is None:
         kwargs = {**paper_generation_kwargs(), **generate_kwargs}
-        with torch.no_grad():
+        with _eval_mode(model), torch.no_grad():
             generated = model.generate(**encoded, **kwargs)[0]
         target_ids = generated[1:] if int(generated[0]) == start else generated
         target_ids = target_ids[target_ids != model.config.pad_token_id]
@@ -292,13 +304,8 @@ def cross_attention(
     start = model.config.decoder_start_token_id
     target_ids = torch.as_tensor(target_ids, device=device).flatten()
     decoder_input_ids = torch.cat([torch.tensor([start], device=device), target_ids[:-1]]).unsqueeze(0)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            outputs = model(**encoded, decoder_input_ids=decoder_input_ids, output_attentions=True)
-    finally:
-        model.train(was_training)
+    with _eval_mode(model), torch.no_grad():
+        outputs = model(**encoded, decoder_input_ids=decoder_input_ids, output_attentions=True)
     if not outputs.cross_attentions or outputs.cross_attentions[0] is None:
         raise RuntimeError(
             f"{type(model).__name__} returned no cross-attention weights for output_attentions=True; load it "

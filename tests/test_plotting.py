@@ -148,8 +148,12 @@ def test_cross_attention_of_a_forced_target(model, tokenizer) -> None:
 
 
 def test_cross_attention_of_the_models_own_translation(model, tokenizer, tmp_path: Path) -> None:
-    model.train()  # the function must evaluate without dropout and restore the mode
-    attentions, _, target_tokens = cross_attention_for_pair(model, tokenizer, "w1 w2", max_new_tokens=3)
+    model.eval()
+    expected, _, expected_tokens = cross_attention_for_pair(model, tokenizer, "w1 w2", max_new_tokens=3)
+    model.train()  # the function must translate and attend without dropout, then restore the mode
+    for _ in range(3):
+        attentions, _, target_tokens = cross_attention_for_pair(model, tokenizer, "w1 w2", max_new_tokens=3)
+        assert target_tokens == expected_tokens and np.array_equal(attentions, expected)
     assert model.training is True
     assert attentions.shape[2] == len(target_tokens) and 1 <= len(target_tokens) <= 3
     model.eval()
