@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from functools import lru_cache
@@ -24,6 +23,7 @@ import evaluate
 from sacrebleu.metrics.bleu import BLEU
 
 from hf_vanilla.checkpointing import atomic_file
+from hf_vanilla.data import hub_offline
 from hf_vanilla.translate import DecodingOptions, translate
 
 logger = logging.getLogger(__name__)
@@ -191,10 +191,7 @@ def load_sacrebleu_test_set(name: str, language_pair: str) -> tuple[list[str], l
             f"sacreBLEU test set {name!r} has no language pair {language_pair!r}; it has: {pairs}."
         )
     cached = Path(SACREBLEU_DIR, name, "raw")
-    offline = any(
-        os.environ.get(key, "").strip() not in ("", "0") for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-    )
-    if offline and not (cached.is_dir() and any(cached.iterdir())):
+    if hub_offline() and not (cached.is_dir() and any(cached.iterdir())):
         raise ValueError(
             f"sacreBLEU test set {name} {language_pair} is not in sacreBLEU's cache ({cached}) and this run is "
             "offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE): fetch it once online (`sacrebleu -t "
