@@ -214,3 +214,19 @@ def test_ctranslate2_refuses_what_it_cannot_do_in_one_line(folder: Path, ct2_fol
             _load(ct2_folder, dtype="float16")
     with pytest.raises(ValueError, match="needs the transformers model folder"):
         load_model_and_tokenizer(ModelArguments(model_name_or_path=str(ct2_folder), device="cpu"))
+
+
+def test_the_cli_applies_max_length_budgets_and_dtype(folder: Path, tmp_path: Path) -> None:
+    from hf_vanilla.cli.translate import main
+
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in LINES))
+    common = ["--model_name_or_path", str(folder), "--device", "cpu", "--num_beams", "1", "--input_file",
+              str(tmp_path / "in.txt")]  # fmt: skip
+    assert main([*common, "--output_file", str(tmp_path / "a.txt"), "--max_length", "3"]) == 0
+    assert main([*common, "--output_file", str(tmp_path / "b.txt"), "--max_length", "3", "--max_tokens", "6",
+                 "--batch_size", "2", "--buffer_size", "2", "--dtype", "float32"]) == 0  # fmt: skip
+    model, tokenizer = _load(folder)
+    expected = translate(model, tokenizer, LINES, GREEDY, generate_kwargs={"max_new_tokens": 3})
+    for name in ("a.txt", "b.txt"):
+        assert (tmp_path / name).read_text().splitlines() == expected
+    assert max(len(line.split()) for line in expected) <= 3 and any(expected)
