@@ -728,7 +728,7 @@ def translate_stream(
     lines translated.
     """
     if chunk_lines < 1:
-        raise ValueError(f"The buffer must hold at least one line, got {chunk_lines}.")
+        raise ValueError(f"--buffer_size must be at least 1 line, got {chunk_lines}.")
     from_stdin, to_stdout = source in (None, "-"), output in (None, "-")
     if not to_stdout:
         refuse_to_replace(output, overwrite, "--output_file")

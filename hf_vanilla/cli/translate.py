@@ -7,7 +7,7 @@ hf-vanilla-translate --model_name_or_path runs/base-ct2 --nbest 4 --dtype float3
 Interactive: lines typed or piped into stdin are translated as they arrive (when --buffer_size lines wait,
 when the input pauses for 0.1 s, or at its end). Blank lines give blank lines. With --nbest N each input
 line gives N lines "INDEX<TAB>SCORE<TAB>TRANSLATION", best first (INDEX: the input line, from 0; SCORE:
-log P / |Y|^α, or the GNMT penalty's with --length_penalty_type gnmt); a blank input line gives
+log P / |Y|^α, or the GNMT penalty's with --length_penalty_type gnmt; CTranslate2: its own); a blank line gives
 "INDEX<TAB><TAB>". An existing --output_file is kept unless --overwrite is given.
 """
 
