@@ -78,6 +78,16 @@ class DataArguments:
     dataset_config_name: str | None = field(
         default=None, metadata={"help": "Hub dataset config, e.g. `de-en` for `wmt14`."}
     )
+    source_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "With --dataset_name: the column holding source sentences, for a dataset without a "
+            "`translation` column (give --target_column too)."
+        },
+    )
+    target_column: str | None = field(
+        default=None, metadata={"help": "With --dataset_name: the column holding target sentences."}
+    )
     train_files: list[str] | None = field(
         default=None,
         metadata={
@@ -144,9 +154,18 @@ def load_from_args(args: DataArguments) -> datasets.DatasetDict:
             "`--dataset_name NAME --dataset_config_name CONFIG` for the Hub, or local files, or `--demo`. "
             + _LOCAL_FILES_HELP.format(src=args.source_lang, tgt=args.target_lang)
         )
+    if (args.source_column or args.target_column) and not args.dataset_name:
+        raise ValueError(
+            "--source_column/--target_column name columns of a --dataset_name dataset; none was given."
+        )
     if args.dataset_name:
         data = load_hub_dataset(
-            args.dataset_name, args.dataset_config_name, args.source_lang, args.target_lang
+            args.dataset_name,
+            args.dataset_config_name,
+            args.source_lang,
+            args.target_lang,
+            source_column=args.source_column,
+            target_column=args.target_column,
         )
     elif local:
         data = load_local_files(local, args.source_lang, args.target_lang)
@@ -216,15 +235,26 @@ def _hub_unreachable_reason(timeout: float = 5.0) -> str | None:
 
 
 def load_hub_dataset(
-    name: str, config_name: str | None, source_lang: str, target_lang: str, **load_kwargs: Any
+    name: str,
+    config_name: str | None,
+    source_lang: str,
+    target_lang: str,
+    source_column: str | None = None,
+    target_column: str | None = None,
+    **load_kwargs: Any,
 ) -> datasets.DatasetDict:
     """`datasets.load_dataset(name, config_name)`, failing fast with a useful message when it cannot work.
 
     Offline mode is checked first: if `datasets` itself runs offline, only its cache is consulted (fast);
     if offline mode was switched on after `datasets` was imported, the Hub is not contacted at all. Online,
     the endpoint is probed once without retries before loading. Connection and not-found errors are re-raised
-    as `ValueError` naming the local-file arguments.
+    as `ValueError` naming the local-file arguments. A dataset without a `translation` column is read from
+    `source_column` and `target_column` (both or neither) into one.
     """
+    if (source_column is None) != (target_column is None):
+        raise ValueError(
+            "Give both --source_column and --target_column, or neither (for a `translation` column)."
+        )
     how = _LOCAL_FILES_HELP.format(src=source_lang, tgt=target_lang)
     label = name + (f" (config {config_name!r})" if config_name else "")
     is_local = os.path.exists(name)
@@ -245,12 +275,14 @@ def load_hub_dataset(
         raise ValueError(f"Cannot load Hub dataset {label}{mode}: {err}. {how}") from err
     if not isinstance(data, datasets.DatasetDict):
         raise ValueError(f"Hub dataset {label} gave {type(data).__name__}, expected a DatasetDict of splits.")
+    if source_column is not None:
+        data = _columns_to_translation(data, label, source_column, target_column, source_lang, target_lang)
     for split, ds in data.items():
         if "translation" not in ds.column_names:
             raise ValueError(
                 f"Hub dataset {label}, split {split!r}, has columns {ds.column_names} but no `translation` "
-                f"column; convert it to {{'translation': {{'{source_lang}': ..., '{target_lang}': ...}}}} or "
-                f"use local files. {how}"
+                f"column; name the sentence columns with --source_column and --target_column, or use local "
+                f"files. {how}"
             )
         first = ds[0]["translation"] if len(ds) else {}
         missing = [lang for lang in (source_lang, target_lang) if lang not in first]
@@ -260,6 +292,31 @@ def load_hub_dataset(
                 f"{missing}. Check --source_lang/--target_lang or --dataset_config_name."
             )
     return data
+
+
+def _columns_to_translation(
+    data: datasets.DatasetDict,
+    label: str,
+    source_column: str,
+    target_column: str,
+    source_lang: str,
+    target_lang: str,
+) -> datasets.DatasetDict:
+    """Each split as one `translation` column of `{source_lang: source_column, target_lang: target_column}`."""
+    out = {}
+    for split, ds in data.items():
+        missing = [column for column in (source_column, target_column) if column not in ds.column_names]
+        if missing:
+            raise ValueError(
+                f"Hub dataset {label}, split {split!r}, has no column {missing[0]!r}; its columns are "
+                f"{ds.column_names}. Check --source_column/--target_column."
+            )
+        out[split] = ds.map(
+            lambda row: {"translation": {source_lang: row[source_column], target_lang: row[target_column]}},
+            remove_columns=ds.column_names,
+            features=translation_features(source_lang, target_lang),
+        )
+    return datasets.DatasetDict(out)
 
 
 # ----------------------------------------------------------------------------------------------------

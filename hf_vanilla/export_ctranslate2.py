@@ -11,15 +11,20 @@ builds it with CTranslate2's spec API (``ctranslate2.specs.TransformerSpec``, on
 * feed-forward (§3.3): ``fc1``, ``fc2`` and the activation;
 * embeddings (§3.4): the (shared) embedding matrices, the √d_model scaling flag, the pre-softmax
   projection (plus ``final_logits_bias`` when a converted Marian model has one);
-* positional encoding (§3.5): the table of our closed form for ``max_position_embeddings``
-  positions, written out explicitly, so every layout option (interleaved, halves, tensor2tensor
-  timescales, offset) is exported exactly. CTranslate2 cannot go past that length: raise
-  ``max_position_embeddings`` before exporting for longer inputs.
+* positional encoding (§3.5): the table of our closed form, written out explicitly, so every layout
+  option (interleaved, halves, tensor2tensor timescales, offset) is exported exactly: the encoder's
+  for ``max_position_embeddings`` positions (the longest input), the decoder's for that many plus
+  the generation config's ``max_length_offset`` (50) and the start token, so that the longest input's
+  longest translation (§6.1: input length + 50) fits. CTranslate2 cannot go past these tables (it
+  raises "No position encodings are defined for positions >= ..."); ``hf_vanilla.translate`` refuses
+  a longer input with the same message for both backends.
 
 CTranslate2 works on token strings, so the folder must hold the tokenizer: its vocabulary becomes the
 model's source and target vocabularies, and the special tokens (``</s>``, ``<unk>``, the decoder start
-token) are written to the CTranslate2 config. Feed CTranslate2 the tokens the HF tokenizer produces
-(``tokenizer.convert_ids_to_tokens(tokenizer(text).input_ids)``), ``</s>`` included.
+token) are written to the CTranslate2 config. The tokenizer is saved into the exported folder too
+(``model_max_length`` = ``max_position_embeddings``), so ``hf-vanilla-translate`` runs it alone. Feed
+CTranslate2 the tokens the HF tokenizer produces (``tokenizer.convert_ids_to_tokens(tokenizer(text)
+.input_ids)``), ``</s>`` included.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from .checkpointing import atomic_directory, refuse_to_replace, verify_model_folder
+from .hub import limit_tokenizer_length
 from .modeling_vanilla_transformer import (
     VanillaTransformerAttention,
     VanillaTransformerForConditionalGeneration,
@@ -119,23 +125,32 @@ def _attention(spec: object, attention: VanillaTransformerAttention, self_attent
     _linear(spec.linear[-1], attention.out_proj)
 
 
-def _position_table(model: VanillaTransformerForConditionalGeneration) -> torch.Tensor:
+def decoder_positions(model: VanillaTransformerForConditionalGeneration) -> int:
+    """Rows of the decoder's position table: the start token and the longest translation of the longest
+    input, ``max_position_embeddings`` + the generation config's ``max_length_offset`` (§6.1: 50)."""
+    offset = getattr(model.generation_config, "max_length_offset", None) or 0
+    return model.config.max_position_embeddings + offset + 1
+
+
+def _position_table(model: VanillaTransformerForConditionalGeneration, length: int) -> torch.Tensor:
     config = model.config
     offset = config.position_offset
-    positions = torch.arange(offset, offset + config.max_position_embeddings)
+    positions = torch.arange(offset, offset + length)
     return sinusoidal_position_encoding(
         positions,
         config.d_model,
         layout=config.position_encoding_layout,
         timescales=config.position_encoding_timescales,
-    )  # (max_position_embeddings, D)
+    )  # (length, D)
 
 
-def _stack(spec: object, stack: torch.nn.Module, model: VanillaTransformerForConditionalGeneration) -> None:
+def _stack(
+    spec: object, stack: torch.nn.Module, model: VanillaTransformerForConditionalGeneration, positions: int
+) -> None:
     """Embeddings, §3.4 scaling and §3.5 positions common to the encoder and decoder specs."""
     config = model.config
     spec.scale_embeddings = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-    spec.position_encodings.encodings = _position_table(model)
+    spec.position_encodings.encodings = _position_table(model, positions)
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     embeddings.weight = stack.embed_tokens.weight
 
@@ -158,7 +173,7 @@ def transformer_spec(
     )
     spec = TransformerSpec(encoder, decoder)
 
-    _stack(spec.encoder, model.model.encoder, model)
+    _stack(spec.encoder, model.model.encoder, model, config.max_position_embeddings)
     for layer_spec, layer in zip(spec.encoder.layer, model.model.encoder.layers, strict=True):
         _attention(layer_spec.self_attention, layer.self_attn, self_attention=True)
         _layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
@@ -166,7 +181,7 @@ def transformer_spec(
         _linear(layer_spec.ffn.linear_1, layer.fc2)
         _layer_norm(layer_spec.ffn.layer_norm, layer.final_layer_norm)
 
-    _stack(spec.decoder, model.model.decoder, model)
+    _stack(spec.decoder, model.model.decoder, model, decoder_positions(model))
     for layer_spec, layer in zip(spec.decoder.layer, model.model.decoder.layers, strict=True):
         _attention(layer_spec.self_attention, layer.self_attn, self_attention=True)
         _layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
@@ -231,7 +246,8 @@ class VanillaTransformerConverter(Converter):
         _require_ctranslate2()
         self.model_dir = Path(model_dir)
 
-    def _load(self) -> object:
+    def load(self) -> tuple[VanillaTransformerForConditionalGeneration, PreTrainedTokenizerBase]:
+        """The model (float32) and its tokenizer, checked to belong together."""
         verify_model_folder(self.model_dir)  # a damaged or unsafe file: an error naming it
         model = VanillaTransformerForConditionalGeneration.from_pretrained(
             self.model_dir, dtype=torch.float32
@@ -244,6 +260,10 @@ class VanillaTransformerConverter(Converter):
                 "save the model's tokenizer into the folder first (`tokenizer.save_pretrained(folder)`)."
             ) from error
         check_tokenizer_matches_config(tokenizer, model.config, f"both in {self.model_dir}")
+        return model, tokenizer
+
+    def _load(self) -> object:
+        model, tokenizer = self.load()
         source_tokens, target_tokens = vocabularies(tokenizer, model)
         return transformer_spec(model, source_tokens, target_tokens, unk_token=tokenizer.unk_token or "<unk>")
 
@@ -255,11 +275,18 @@ def export_ctranslate2(
 
     An existing ``output_dir`` (other than an empty folder) raises ``FileExistsError`` unless
     ``overwrite``; the model is written to a temporary folder and renamed into place when complete.
+    The folder also holds the model's tokenizer (its ``model_max_length`` the longest input) and
+    generation config.
     """
     _require_ctranslate2()
     refuse_to_replace(output_dir, overwrite, "--output_dir")
+    converter = VanillaTransformerConverter(model_dir)
     with atomic_directory(output_dir) as staged:
-        VanillaTransformerConverter(model_dir).convert(str(staged), quantization=quantization, force=True)
+        converter.convert(str(staged), quantization=quantization, force=True)
+        model, tokenizer = converter.load()
+        limit_tokenizer_length(tokenizer, model.config)
+        tokenizer.save_pretrained(staged)  # the same tokenizer travels with the model
+        model.generation_config.save_pretrained(staged)  # decoding defaults: max_length_offset
     logger.info("Wrote the CTranslate2 model %s", output_dir)
     return str(output_dir)
 

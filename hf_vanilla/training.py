@@ -75,7 +75,7 @@ from hf_vanilla.checkpointing import (
 )
 from hf_vanilla.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from hf_vanilla.data import DataArguments, load_from_args
-from hf_vanilla.evaluation import compute_bleu_chrf
+from hf_vanilla.evaluation import check_bleu_tokenize, compute_bleu_chrf
 from hf_vanilla.hub import finish_model_folder, limit_tokenizer_length, registered_for_remote_code
 from hf_vanilla.launch_checks import check_fsdp_honoured, check_process_group
 from hf_vanilla.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
@@ -296,6 +296,12 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     predict_with_generate: bool = field(
         default=True, metadata={"help": "Evaluate BLEU on generated translations (beam 4, α = 0.6, §6.1)."}
     )
+    bleu_tokenize: str = field(
+        default="13a",
+        metadata={
+            "help": "sacreBLEU's BLEU tokenizer for evaluation: 13a (WMT's), intl, char, zh, none, ..."
+        },
+    )
     eval_strategy: str = field(
         default="steps", metadata={"help": "When to evaluate: 'no', 'steps', 'epoch'."}
     )
@@ -343,6 +349,7 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_bleu_tokenize(self.bleu_tokenize)
         if self.label_smoothing_factor:
             raise ValueError(
                 f"--label_smoothing_factor {self.label_smoothing_factor} would apply HF's LabelSmoother, which "
@@ -934,7 +941,9 @@ def run_training(
         eval_dataset=eval_set,
         processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
-        compute_metrics=build_compute_metrics(tokenizer) if training_args.predict_with_generate else None,
+        compute_metrics=build_compute_metrics(tokenizer, training_args.bleu_tokenize)
+        if training_args.predict_with_generate
+        else None,
     )
     if training_args.do_train:
         trainer.add_callback(SaveOnSignalCallback())  # SIGTERM/Ctrl-C: save the current step, exit 143/130
@@ -968,7 +977,9 @@ def run_training(
             eval_dataset=eval_set,
             processing_class=tokenizer,
             data_collator=DataCollatorForSeq2Seq(tokenizer, model=averaged, label_pad_token_id=-100),
-            compute_metrics=build_compute_metrics(tokenizer) if training_args.predict_with_generate else None,
+            compute_metrics=build_compute_metrics(tokenizer, training_args.bleu_tokenize)
+            if training_args.predict_with_generate
+            else None,
         )
         results.update(_evaluate_splits(averaged_trainer, eval_splits, prefix="averaged_"))
     return results

@@ -31,8 +31,11 @@ output length during inference to input length + 50, but terminate early when po
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import queue
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +43,7 @@ from typing import Any, BinaryIO, Literal, TextIO
 
 import torch
 from transformers import AutoModelForSeq2SeqLM
+from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from hf_vanilla.checkpointing import atomic_file, load_pretrained_checked, refuse_to_replace
 from hf_vanilla.quantization import check_route, from_pretrained_kwargs, quantize_loaded
@@ -51,19 +55,36 @@ LENGTH_PENALTY_TYPES = ("hf", "gnmt")
 #: ``--early_stopping`` values and what ``generate()`` receives for each.
 EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
 
+#: ``--dtype`` values and the torch dtype of each (``auto``: as saved / as exported).
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BACKENDS = ("auto", "transformers", "ctranslate2")
+#: Seconds without a new line after which the lines read so far from stdin are translated.
+PAUSE_SECONDS = 0.1
+
 __all__ = [
+    "BACKENDS",
+    "DTYPES",
     "EARLY_STOPPING",
     "LENGTH_PENALTY_TYPES",
+    "PAUSE_SECONDS",
+    "CTranslate2Model",
     "DecodingOptions",
+    "Hypothesis",
+    "InputTooLongError",
     "ModelArguments",
+    "check_dtype",
+    "format_nbest",
+    "generate_hypotheses",
     "generate_ids",
     "gnmt_length_penalty",
     "load_model",
     "load_model_and_tokenizer",
+    "longest_input",
     "nbest_log_probs",
     "paper_generation_kwargs",
     "resolve_device",
     "translate",
+    "translate_nbest",
     "translate_stream",
 ]
 
@@ -168,7 +189,86 @@ def nbest_log_probs(outputs: Any, length_penalty: float) -> tuple[torch.Tensor, 
     return outputs.sequences_scores * lengths**length_penalty, lengths
 
 
+@dataclass
+class Hypothesis:
+    """One translation of a sentence; ``score`` is ``None`` unless an n-best list was asked for."""
+
+    text: str
+    score: float | None = None
+
+
+def _greedy_scores(outputs: Any, eos_id: int, length_penalty: float) -> torch.Tensor:
+    """log P(Y | X) / |Y|^α of greedy outputs, |Y| counting generated tokens up to ``</s>`` included (as
+    ``sequences_scores`` does for beam search)."""
+    steps = torch.stack(outputs.scores, dim=1).float().log_softmax(dim=-1)  # (B, steps, V)
+    generated = outputs.sequences[:, -steps.shape[1] :]  # (B, steps)
+    log_probs = steps.gather(2, generated.unsqueeze(-1)).squeeze(-1)
+    ended_before = (generated == eos_id).int().cumsum(dim=1) - (generated == eos_id).int()
+    counted = ended_before == 0  # tokens up to the first </s>, that one included
+    lengths = counted.sum(dim=1).clamp(min=1).float()
+    return log_probs.masked_fill(~counted, 0.0).sum(dim=1) / lengths**length_penalty
+
+
 @torch.inference_mode()
+def generate_hypotheses(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    options: DecodingOptions | None = None,
+    nbest: int | None = None,
+    **generate_kwargs: Any,
+) -> list[list[tuple[list[int], float | None]]]:
+    """Decode one padded batch; per sentence, ``(output ids, score)`` pairs (decoder start, ``</s>`` and
+    padding removed). ``generate_kwargs`` go to ``model.generate``.
+
+    Without ``nbest``: the one chosen hypothesis, score ``None``. With ``nbest`` = N (at most the beam
+    size): the N best, best first, each with the score it was ranked by, log P(Y | X) / |Y|^α (HF's
+    ``sequences_scores``; greedy decoding computes the same) or, with ``length_penalty_type="gnmt"``,
+    log P(Y | X) / ((5 + |Y|) / 6)^α. See the module docstring for the length bound and both penalties.
+    """
+    options = options or DecodingOptions()
+    if nbest is not None and not 1 <= nbest <= options.num_beams:
+        raise ValueError(
+            f"--nbest {nbest} needs a beam at least that wide and at least 1: --num_beams >= {nbest} "
+            f"(now {options.num_beams})."
+        )
+    eos_id = _eos_id(model)
+    kwargs = {**paper_generation_kwargs(options), **generate_kwargs}
+    gnmt = options.length_penalty_type == "gnmt"
+    if nbest is None and not gnmt:
+        sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        return [[(_strip(row.tolist(), model, eos_id), None)] for row in sequences]
+    returned = options.num_beams if gnmt else nbest
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        num_return_sequences=returned,
+        output_scores=True,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+    if options.num_beams == 1:
+        scores = _greedy_scores(out, eos_id, options.length_penalty)
+    elif gnmt:
+        log_probs, lengths = nbest_log_probs(out, options.length_penalty)
+        scores = log_probs / gnmt_length_penalty(lengths, options.length_penalty)
+    else:
+        scores = out.sequences_scores
+    batch_size = input_ids.shape[0]
+    scores = scores.view(batch_size, returned).float()
+    results = []
+    for sentence in range(batch_size):
+        best_first = scores[sentence].argsort(descending=True, stable=True)[: nbest or 1].tolist()
+        rows = [out.sequences[sentence * returned + k].tolist() for k in best_first]
+        results.append(
+            [
+                (_strip(row, model, eos_id), float(scores[sentence, k]) if nbest else None)
+                for row, k in zip(rows, best_first, strict=True)
+            ]
+        )
+    return results
+
+
 def generate_ids(
     model: Any,
     input_ids: torch.Tensor,
@@ -181,27 +281,8 @@ def generate_ids(
 
     See the module docstring for the length bound and the two length penalties.
     """
-    options = options or DecodingOptions()
-    eos_id = _eos_id(model)
-    kwargs = {**paper_generation_kwargs(options), **generate_kwargs}
-    batch_size = input_ids.shape[0]
-    if options.length_penalty_type == "gnmt":
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            num_return_sequences=options.num_beams,
-            output_scores=True,
-            return_dict_in_generate=True,
-            **kwargs,
-        )
-        log_probs, lengths = nbest_log_probs(out, options.length_penalty)
-        rescored = log_probs / gnmt_length_penalty(lengths, options.length_penalty)
-        best = rescored.view(batch_size, options.num_beams).argmax(dim=1)
-        rows = torch.arange(batch_size, device=best.device) * options.num_beams + best
-        sequences = out.sequences[rows]
-    else:
-        sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-    return [_strip(row.tolist(), model, eos_id) for row in sequences]
+    hypotheses = generate_hypotheses(model, input_ids, attention_mask, options, **generate_kwargs)
+    return [best[0][0] for best in hypotheses]
 
 
 def _strip(ids: list[int], model: Any, eos_id: int) -> list[int]:
@@ -226,7 +307,30 @@ class ModelArguments:
     device: str = field(
         default="auto", metadata={"help": "'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ..."}
     )
-    batch_size: int = field(default=64, metadata={"help": "Sentences per batch (sorted by length)."})
+    backend: str = field(
+        default="auto",
+        metadata={
+            "help": "'transformers' (generate()), 'ctranslate2' (a folder written by hf-vanilla-export-ct2), or "
+            "'auto': ctranslate2 for a folder with a model.bin, else transformers."
+        },
+    )
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "Weights and computation: 'auto' (as saved or exported), 'float32', 'bfloat16', 'float16'; "
+            "refused where the device cannot run it."
+        },
+    )
+    batch_size: int = field(
+        default=64, metadata={"help": "At most this many sentences per batch (sorted by length)."}
+    )
+    max_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "Also at most this many padded source tokens per batch (sentences × longest); 0 = no token "
+            "budget. A longer sentence goes alone."
+        },
+    )
     quantization: str = field(
         default="none",
         metadata={
@@ -262,24 +366,148 @@ def load_model(name: str | Path, **kwargs: Any) -> Any:
         ) from err
 
 
-def load_model_and_tokenizer(args: ModelArguments, attn_implementation: str | None = None) -> tuple[Any, Any]:
-    """Load the seq2seq model and tokenizer (importing hf_vanilla has registered its Auto classes) and
-    check that they belong together (:func:`hf_vanilla.tokenization.check_tokenizer_matches_config`);
-    ``args.quantization`` names a route of :mod:`hf_vanilla.quantization`."""
+def load_model_and_tokenizer(
+    args: ModelArguments, attn_implementation: str | None = None, allow_ctranslate2: bool = False
+) -> tuple[Any, Any]:
+    """Load the model and tokenizer (importing hf_vanilla has registered its Auto classes) and check that
+    they belong together (:func:`hf_vanilla.tokenization.check_tokenizer_matches_config`);
+    ``args.quantization`` names a route of :mod:`hf_vanilla.quantization`, ``args.dtype`` one of
+    :data:`DTYPES`. With the ``ctranslate2`` backend (only where ``allow_ctranslate2``: commands that
+    only translate) the model is a :class:`CTranslate2Model`."""
     device = resolve_device(args.device)
+    if args.backend not in BACKENDS:
+        raise ValueError(f"Unknown --backend {args.backend!r}: choose one of {', '.join(BACKENDS)}.")
+    if args.dtype not in DTYPES:
+        raise ValueError(f"Unknown --dtype {args.dtype!r}: choose one of {', '.join(DTYPES)}.")
+    backend = args.backend
+    if backend == "auto":
+        folder = Path(args.model_name_or_path)
+        is_ct2 = (folder / "model.bin").is_file() and not (folder / "model.safetensors").exists()
+        backend = "ctranslate2" if is_ct2 else "transformers"
+    tokenizer_source = args.tokenizer_name_or_path or args.model_name_or_path
+    if backend == "ctranslate2":
+        if not allow_ctranslate2:
+            raise ValueError(
+                f"--model_name_or_path {args.model_name_or_path!r} is a CTranslate2 export (or --backend "
+                "ctranslate2 was given): this command needs the transformers model folder it was exported from."
+            )
+        if args.quantization != "none":
+            raise ValueError(
+                "--quantization is for the transformers backend; a CTranslate2 model is quantized when exported "
+                "(hf-vanilla-export-ct2 --quantization int8)."
+            )
+        tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
+        return CTranslate2Model(args.model_name_or_path, device, args.dtype), tokenizer
     check_route(args.quantization, device)
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
     kwargs.update(from_pretrained_kwargs(args.quantization))
+    if args.dtype != "auto":
+        if args.quantization != "none":
+            raise ValueError(
+                f"--dtype {args.dtype} and --quantization {args.quantization} both set the precision: give one."
+            )
+        check_dtype(DTYPES[args.dtype], device)
+        kwargs["dtype"] = DTYPES[args.dtype]
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     model = load_model(args.model_name_or_path, **kwargs)
-    tokenizer_source = args.tokenizer_name_or_path or args.model_name_or_path
     tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
     check_tokenizer_matches_config(
         tokenizer, model.config, f"tokenizer {tokenizer_source}, model {args.model_name_or_path}"
     )
     model = quantize_loaded(model.to(device), args.quantization).eval()
     return model, tokenizer
+
+
+def check_dtype(dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse a dtype ``device`` cannot compute in (bf16 on a GPU without it, or any failing kernel),
+    with the choices that work, instead of a kernel error in the middle of decoding."""
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"--dtype bfloat16: {device} does not support bfloat16; use float16 or float32.")
+    try:  # the model's kernels: a matrix product and a softmax
+        probe = torch.ones(2, 2, dtype=dtype, device=device)
+        torch.nn.functional.linear(probe, probe).softmax(dim=-1)
+    except RuntimeError as err:
+        raise ValueError(
+            f"--dtype {str(dtype).removeprefix('torch.')}: {device} cannot compute in it ({str(err).splitlines()[0]}); "
+            "use float32."
+        ) from None
+
+
+class CTranslate2Model:
+    """A CTranslate2 model folder (written by :func:`hf_vanilla.export_ctranslate2.export_ctranslate2`) run
+    by ``ctranslate2.Translator``, decoded by :func:`translate` with the same tokenizer and output as the
+    transformers backend.
+
+    Decoding differs from ``generate()`` where CTranslate2 has no equivalent: beam search uses
+    CTranslate2's own stopping rule (``early_stopping`` is not applied), ``length_penalty_type="gnmt"``
+    is refused, and the per-sentence bound of input length + ``max_length_offset`` (50) tokens (``</s>``
+    included) is applied by decoding the batch to its longest bound and cutting each output at its own
+    (exact for greedy decoding). Scores (``nbest``) are CTranslate2's: the log-probability divided by |Y|^α in beam
+    search, the plain log-probability in greedy decoding.
+    """
+
+    def __init__(self, folder: str | Path, device: torch.device, dtype: str = "auto") -> None:
+        try:
+            import ctranslate2
+        except ImportError as err:
+            raise ImportError(
+                "--backend ctranslate2 needs CTranslate2: pip install 'hf_vanilla[ct2]' (or pip install ctranslate2)."
+            ) from err
+        folder = Path(folder)
+        if not (folder / "model.bin").is_file():
+            raise FileNotFoundError(
+                f"--model_name_or_path {str(folder)!r} holds no CTranslate2 model (model.bin): write one with "
+                "hf-vanilla-export-ct2, or use --backend transformers."
+            )
+        compute_type = "default" if dtype == "auto" else dtype
+        supported = ctranslate2.get_supported_compute_types(device.type, device.index or 0)
+        if compute_type != "default" and compute_type not in supported:
+            raise ValueError(
+                f"--dtype {dtype}: CTranslate2 cannot compute in it on {device.type} (it can: "
+                f"{', '.join(sorted(supported))}); use --dtype auto or float32."
+            )
+        self.folder = folder
+        generation = folder / "generation_config.json"
+        defaults = json.loads(generation.read_text(encoding="utf-8")) if generation.is_file() else {}
+        self.max_length_offset = int(defaults.get("max_length_offset", 50))
+        self.translator = ctranslate2.Translator(
+            str(folder), device=device.type, device_index=device.index or 0, compute_type=compute_type
+        )
+
+    def generate_hypotheses(
+        self,
+        tokenizer: Any,
+        input_ids: list[list[int]],
+        options: DecodingOptions,
+        nbest: int | None = None,
+        max_new_tokens: int | None = None,
+    ) -> list[list[tuple[list[int], float | None]]]:
+        """What :func:`generate_hypotheses` returns, for unpadded ``input_ids``."""
+        if options.length_penalty_type == "gnmt":
+            raise ValueError("--length_penalty_type gnmt needs the transformers backend (n-best rescoring).")
+        if nbest is not None and not 1 <= nbest <= options.num_beams:
+            raise ValueError(f"--nbest {nbest} needs --num_beams >= {nbest} (now {options.num_beams}).")
+        # generate() ends each sentence with </s> at its input length + offset: that many tokens minus one
+        bounds = [len(ids) + self.max_length_offset - 1 for ids in input_ids]
+        longest = max(bounds) if max_new_tokens is None else min(max(bounds), max_new_tokens)
+        results = self.translator.translate_batch(
+            [tokenizer.convert_ids_to_tokens(ids) for ids in input_ids],
+            beam_size=options.num_beams,
+            length_penalty=options.length_penalty,
+            num_hypotheses=nbest or 1,
+            return_scores=nbest is not None,
+            max_decoding_length=longest,
+            min_decoding_length=0,  # CTranslate2's default 1 forbids the empty translation generate() allows
+            max_input_length=0,  # lengths are checked before, with a message naming the line
+        )
+        return [
+            [
+                (tokenizer.convert_tokens_to_ids(tokens)[:bound], result.scores[k] if nbest else None)
+                for k, tokens in enumerate(result.hypotheses)
+            ]
+            for result, bound in zip(results, bounds, strict=True)
+        ]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -292,6 +520,124 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
+def longest_input(model: Any, tokenizer: Any) -> int | None:
+    """The most source tokens the model takes: ``max_position_embeddings`` (the CTranslate2 export's
+    position table; ``generate()`` computes positions for any length but is held to the same limit by
+    :func:`translate`), or for a CTranslate2 model the tokenizer's ``model_max_length`` (set from the
+    model when exported). ``None``: no limit known."""
+    if isinstance(model, CTranslate2Model):
+        limit = tokenizer.model_max_length
+        return int(limit) if limit < VERY_LARGE_INTEGER else None
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+class InputTooLongError(ValueError):
+    """A sentence with more tokens than :func:`longest_input`; ``index`` is its place in the input."""
+
+    def __init__(self, index: int, length: int, limit: int, where: str | None = None) -> None:
+        self.index, self.length, self.limit = index, length, limit
+        where = where or f"sentence {index + 1}"
+        super().__init__(
+            f"{where}: {length} tokens, more than the model's longest input of {limit} tokens "
+            "(its max_position_embeddings, the tokenizer's model_max_length). Split the sentence."
+        )
+
+
+def _batches(
+    order: list[int], lengths: dict[int, int], batch_size: int, max_tokens: int
+) -> Iterator[list[int]]:
+    """Consecutive groups of ``order`` (longest first) of at most ``batch_size`` sentences and, with a
+    ``max_tokens`` budget, at most that many padded tokens (sentences × the group's longest)."""
+    batch: list[int] = []
+    for i in order:
+        if batch and (
+            len(batch) == batch_size or (max_tokens and (len(batch) + 1) * lengths[batch[0]] > max_tokens)
+        ):
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def translate_nbest(
+    model: Any,
+    tokenizer: Any,
+    sentences: Sequence[str],
+    options: DecodingOptions | None = None,
+    batch_size: int = 64,
+    device: str | torch.device | None = None,
+    generate_kwargs: dict[str, Any] | None = None,
+    nbest: int | None = None,
+    max_tokens: int = 0,
+) -> list[list[Hypothesis]]:
+    """Translate ``sentences`` in batches; per sentence, in input order, its hypotheses: one without
+    ``nbest`` (score ``None``), else the ``nbest`` best with scores, best first (see
+    :func:`generate_hypotheses`). A blank sentence gets no hypothesis (an empty list).
+
+    ``model`` is a transformers model or a :class:`CTranslate2Model` (then ``generate_kwargs`` may only
+    hold ``max_new_tokens``). Batches hold at most ``batch_size`` sentences and, with ``max_tokens``, at
+    most that many padded source tokens. A sentence longer than :func:`longest_input` raises
+    :class:`InputTooLongError` before anything is translated.
+    """
+    if batch_size < 1:
+        raise ValueError(f"`batch_size` must be a positive integer, got {batch_size}.")
+    if max_tokens < 0:
+        raise ValueError(f"`max_tokens` must be 0 (no budget) or positive, got {max_tokens}.")
+    if tokenizer.pad_token_id is None:
+        raise ValueError(
+            "The tokenizer has no pad token: set tokenizer.pad_token (e.g. '<pad>') before translating."
+        )
+    options = options or DecodingOptions()
+    generate_kwargs = dict(generate_kwargs or {})
+    ct2 = isinstance(model, CTranslate2Model)
+    if ct2:
+        unknown = sorted(set(generate_kwargs) - {"max_new_tokens"})
+        if unknown:
+            raise ValueError(
+                f"The ctranslate2 backend takes no generate() argument other than max_new_tokens: {unknown}."
+            )
+    else:
+        check_tokenizer_matches_config(tokenizer, model.config)
+        device = resolve_device(device)
+        model.to(device)
+        model.eval()
+
+    results: list[list[Hypothesis]] = [[] for _ in sentences]
+    todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+    if len(todo) < len(sentences):
+        logger.info("%d blank input line(s) give blank output lines", len(sentences) - len(todo))
+    if not todo:
+        return results
+    ids = dict(zip(todo, tokenizer([sentences[i] for i in todo])["input_ids"], strict=True))
+    lengths = {i: len(row) for i, row in ids.items()}
+    limit = longest_input(model, tokenizer)
+    if limit is not None:
+        for i in todo:
+            if lengths[i] > limit:
+                raise InputTooLongError(i, lengths[i], limit)
+    order = sorted(todo, key=lambda i: lengths[i], reverse=True)
+    done = 0
+    for indices in _batches(order, lengths, batch_size, max_tokens):
+        if ct2:
+            outputs = model.generate_hypotheses(
+                tokenizer, [ids[i] for i in indices], options, nbest, generate_kwargs.get("max_new_tokens")
+            )
+        else:
+            batch = tokenizer.pad({"input_ids": [ids[i] for i in indices]}, return_tensors="pt").to(device)
+            outputs = generate_hypotheses(
+                model, batch["input_ids"], batch["attention_mask"], options, nbest, **generate_kwargs
+            )
+        for i, hypotheses in zip(indices, outputs, strict=True):
+            texts = tokenizer.batch_decode([row for row, _ in hypotheses], skip_special_tokens=True)
+            results[i] = [
+                Hypothesis(text.strip(), score) for text, (_, score) in zip(texts, hypotheses, strict=True)
+            ]
+        done += len(indices)
+        logger.debug("translated %d/%d sentences", done, len(order))
+    return results
+
+
 def translate(
     model: Any,
     tokenizer: Any,
@@ -300,50 +646,33 @@ def translate(
     batch_size: int = 64,
     device: str | torch.device | None = None,
     generate_kwargs: dict[str, Any] | None = None,
+    max_tokens: int = 0,
 ) -> list[str]:
     """Translate ``sentences`` in batches and return the translations in input order.
 
     Sentences are sorted by token length so each batch holds similar lengths (less padding), then the
     original order is restored. Empty or blank lines are not sent to the model and give empty lines.
-    The model is moved to ``device`` (default: CUDA if available) and put in eval mode.
+    The model is moved to ``device`` (default: CUDA if available) and put in eval mode; a
+    :class:`CTranslate2Model` runs where it was loaded.
     ``generate_kwargs`` go to ``model.generate`` (e.g. ``max_new_tokens``, which caps the output
     further than the per-sentence input length + 50 bound, or ``max_length_offset``, which changes
     the 50). A tokenizer that does not belong to the model (another size or special-token ids) raises
-    ``ValueError`` before anything is translated.
+    ``ValueError`` before anything is translated, as does a sentence longer than the model's longest
+    input (:class:`InputTooLongError`).
     """
-    if batch_size < 1:
-        raise ValueError(f"`batch_size` must be a positive integer, got {batch_size}.")
-    if tokenizer.pad_token_id is None:
-        raise ValueError(
-            "The tokenizer has no pad token: set tokenizer.pad_token (e.g. '<pad>') before translating."
-        )
-    check_tokenizer_matches_config(tokenizer, model.config)
-    options = options or DecodingOptions()
-    device = resolve_device(device)
-    model.to(device)
-    model.eval()
+    hypotheses = translate_nbest(
+        model, tokenizer, sentences, options, batch_size, device, generate_kwargs, max_tokens=max_tokens
+    )
+    return [best[0].text if best else "" for best in hypotheses]
 
-    results = [""] * len(sentences)
-    todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
-    if len(todo) < len(sentences):
-        logger.info("%d blank input line(s) give blank output lines", len(sentences) - len(todo))
-    if not todo:
-        return results
-    lengths = {
-        i: len(ids) for i, ids in zip(todo, tokenizer([sentences[i] for i in todo])["input_ids"], strict=True)
-    }
-    order = sorted(todo, key=lambda i: lengths[i], reverse=True)
-    for start in range(0, len(order), batch_size):
-        indices = order[start : start + batch_size]
-        batch = tokenizer([sentences[i] for i in indices], padding=True, return_tensors="pt").to(device)
-        outputs = generate_ids(
-            model, batch["input_ids"], batch["attention_mask"], options, **(generate_kwargs or {})
-        )
-        texts = tokenizer.batch_decode(outputs, skip_special_tokens=True)
-        for i, text in zip(indices, texts, strict=True):
-            results[i] = text.strip()
-        logger.debug("translated %d/%d sentences", min(start + batch_size, len(order)), len(order))
-    return results
+
+def format_nbest(index: int, hypotheses: list[Hypothesis]) -> str:
+    """The n-best lines of input line ``index`` (0-based), one per hypothesis, best first:
+    ``index<TAB>score<TAB>translation`` (fairseq's H lines without the ``H-``); a blank input line gives
+    one line ``index<TAB><TAB>`` (no score, no translation)."""
+    if not hypotheses:
+        return f"{index}\t\t\n"
+    return "".join(f"{index}\t{hypothesis.score:.4f}\t{hypothesis.text}\n" for hypothesis in hypotheses)
 
 
 def _decoded_lines(stream: BinaryIO | TextIO, name: str) -> Iterator[str]:
@@ -380,17 +709,26 @@ def translate_stream(
     chunk_lines: int = 10_000,
     generate_kwargs: dict[str, Any] | None = None,
     overwrite: bool = False,
+    nbest: int | None = None,
+    max_tokens: int = 0,
+    pause: float = PAUSE_SECONDS,
 ) -> int:
     """Translate a file (or stdin when ``source`` is None or ``"-"``) line by line to a file (or stdout).
 
-    Input is read in chunks of ``chunk_lines`` lines, so long files do not need to fit in memory.
-    Blank lines anywhere give blank output lines. Input must be UTF-8 text: a file is checked whole
-    before anything is translated, and a bad line raises ``ValueError`` naming the file and line.
+    Lines are buffered and translated when ``chunk_lines`` of them are waiting (fairseq-interactive's
+    ``--buffer-size``), at the end of the input, and, on stdin, when no new line has come for ``pause``
+    seconds: typed or piped lines are translated as they arrive, and long files do not need to fit in
+    memory. Output goes to stdout as each buffer is translated. Without ``nbest`` each input line gives
+    one output line, blank lines blank lines; with ``nbest`` see :func:`format_nbest`.
+    Input must be UTF-8 text: a file is checked whole before anything is translated, and a bad line (or
+    one longer than the model's longest input) raises ``ValueError`` naming the file and line.
     An output file that exists is refused (``FileExistsError``) unless ``overwrite``; the output is
     written under a temporary name beside it and renamed into place when every line is translated,
-    so it is complete or absent (an old one stays as it was) — never partial. On stdout, output
-    appears as each chunk finishes. Returns the number of lines translated.
+    so it is complete or absent (an old one stays as it was) — never partial. Returns the number of
+    lines translated.
     """
+    if chunk_lines < 1:
+        raise ValueError(f"--buffer_size must be at least 1 line, got {chunk_lines}.")
     from_stdin, to_stdout = source in (None, "-"), output in (None, "-")
     if not to_stdout:
         refuse_to_replace(output, overwrite, "--output_file")
@@ -407,9 +745,22 @@ def translate_stream(
             getattr(sys.stdin, "buffer", sys.stdin) if from_stdin else stack.enter_context(open(source, "rb"))
         )
         out_stream = sys.stdout if to_stdout else stack.enter_context(atomic_file(output))
-        for chunk in _chunks(_decoded_lines(in_stream, name), chunk_lines):
-            for line in translate(model, tokenizer, chunk, options, batch_size, device, generate_kwargs):
-                out_stream.write(line + "\n")
+        lines = _decoded_lines(in_stream, name)
+        buffers = _buffers(lines, chunk_lines, pause) if from_stdin else _chunks(lines, chunk_lines)
+        for chunk in buffers:
+            try:
+                translated = translate_nbest(
+                    model, tokenizer, chunk, options, batch_size, device, generate_kwargs, nbest, max_tokens
+                )
+            except InputTooLongError as err:
+                raise InputTooLongError(
+                    count + err.index, err.length, err.limit, f"{name}, line {count + err.index + 1}"
+                ) from None
+            for index, hypotheses in enumerate(translated, start=count):
+                if nbest is None:
+                    out_stream.write((hypotheses[0].text if hypotheses else "") + "\n")
+                else:
+                    out_stream.write(format_nbest(index, hypotheses))
             out_stream.flush()
             count += len(chunk)
     return count
@@ -424,3 +775,44 @@ def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
             chunk = []
     if chunk:
         yield chunk
+
+
+_END = object()
+
+
+def _buffers(items: Iterator[str], size: int, pause: float) -> Iterator[list[str]]:
+    """Like :func:`_chunks`, and also yield what has arrived when no item comes for ``pause`` seconds.
+
+    A daemon thread reads ``items`` (it blocks on a terminal or pipe) into a bounded queue; an error
+    while reading (bad UTF-8) is raised here, after the lines before it.
+    """
+    arrived: queue.Queue[tuple[object, BaseException | None]] = queue.Queue(maxsize=2 * size)
+
+    def read() -> None:
+        try:
+            for item in items:
+                arrived.put((item, None))
+        except Exception as err:  # handed to the consumer, which raises it
+            arrived.put((_END, err))
+            return
+        arrived.put((_END, None))
+
+    threading.Thread(target=read, name="hf_vanilla-stdin", daemon=True).start()
+    buffer: list[str] = []
+    while True:
+        try:
+            item, error = arrived.get(timeout=pause if buffer else None)
+        except queue.Empty:  # the input paused: translate what is there
+            yield buffer
+            buffer = []
+            continue
+        if item is _END:
+            if buffer:
+                yield buffer
+            if error is not None:
+                raise error
+            return
+        buffer.append(item)
+        if len(buffer) == size:
+            yield buffer
+            buffer = []

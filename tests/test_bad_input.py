@@ -555,3 +555,19 @@ def test_a_user_error_in_a_process_is_one_line_and_debug_shows_the_traceback(
     debug = subprocess.run([*command, "--debug"], env=env, capture_output=True, text=True, timeout=300)
     assert debug.returncode == 1 and "Traceback" in debug.stderr
     assert not (tmp_path / "out.txt").exists()
+
+
+def test_train_push_to_hub_is_refused_in_one_line_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The Trainer's own push would upload --output_dir without the card: hf-vanilla-publish does it."""
+    status = script_main("train")(
+        ["--demo", "--push_to_hub", "--output_dir", str(tmp_path / "run"), "--use_cpu"]
+    )
+    error = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and len(error) == 1
+    assert (
+        error[0].startswith("error: hf-vanilla-train does not push to the Hub")
+        and "hf-vanilla-publish" in error[0]
+    )
+    assert not (tmp_path / "run").exists()

@@ -263,3 +263,31 @@ def test_demo_from_args() -> None:
     assert set(row) == {"en", "de"}
     with pytest.raises(ValueError, match="en → de"):
         load_from_args(DataArguments(demo=True, source_lang="de", target_lang="en"))
+
+
+def test_a_hub_dataset_without_translation_column_takes_source_and_target_columns(tmp_path: Path) -> None:
+    """A dataset folder as `datasets` writes it (parquet per split), loaded through --dataset_name."""
+    import datasets
+
+    folder = tmp_path / "plain_columns"
+    folder.mkdir()
+    for split in ("train", "validation"):
+        columns = {"id": [0, 1, 2], "english": SRC, "german": TGT}
+        datasets.Dataset.from_dict(columns).to_parquet(str(folder / f"{split}.parquet"))
+    args = DataArguments(dataset_name=str(folder), source_column="english", target_column="german")
+    loaded = load_from_args(args)
+    assert sorted(loaded) == ["train", "validation"]
+    assert loaded["train"].column_names == ["translation"]
+    assert pairs_of(loaded["validation"]) == list(zip(SRC, TGT, strict=True))
+    with pytest.raises(
+        ValueError, match="no `translation` column; name the sentence columns with --source_column"
+    ):
+        load_from_args(DataArguments(dataset_name=str(folder)))
+    with pytest.raises(
+        ValueError, match=r"no column 'englisch'; its columns are \['id', 'english', 'german'\]"
+    ):
+        load_from_args(
+            DataArguments(dataset_name=str(folder), source_column="englisch", target_column="german")
+        )
+    with pytest.raises(ValueError, match="Give both --source_column and --target_column"):
+        load_from_args(DataArguments(dataset_name=str(folder), source_column="english"))

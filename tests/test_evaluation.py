@@ -298,3 +298,74 @@ def test_script_help_shows_paper_defaults(
     assert "Length penalty α (§6.1: 0.6). (default: 0.6)" in help_text
     assert "--length_penalty_type {hf,gnmt}" in help_text
     assert "--early_stopping {never,true,false}" in help_text
+
+
+# --------------------------------------------------------------------------------------------------
+# sacreBLEU's CLI: --bleu_tokenize, standard test sets by name
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tokenize", ["13a", "intl", "char", "zh", "none"])
+def test_bleu_tokenize_is_applied_and_named_in_the_signature(tokenize: str) -> None:
+    from hf_vanilla.evaluation import compute_bleu_chrf
+
+    hypotheses, references = ["Der Hund läuft, schnell!"], ["Der Hund rennt, schnell!"]
+    scores = compute_bleu_chrf(hypotheses, references, bleu_tokenize=tokenize)
+    expected = BLEU(tokenize=tokenize).corpus_score(hypotheses, [references])
+    assert scores["bleu"] == pytest.approx(expected.score)
+    assert f"tok:{tokenize}|" in scores["bleu_signature"]
+
+
+def test_an_unknown_bleu_tokenizer_is_refused_before_any_work(tmp_path: Path) -> None:
+    from hf_vanilla.evaluation import compute_bleu_chrf
+    from hf_vanilla.training import PaperTrainingArguments
+
+    with pytest.raises(
+        ValueError, match="'13b' is not one of sacreBLEU's tokenizers: none, zh, 13a, intl, char"
+    ):
+        compute_bleu_chrf(["a"], ["a"], bleu_tokenize="13b")
+    with pytest.raises(ValueError, match="'13b' is not one of sacreBLEU's tokenizers"):
+        PaperTrainingArguments(output_dir=str(tmp_path), bleu_tokenize="13b", use_cpu=True, report_to="none")
+    assert (
+        PaperTrainingArguments(output_dir=str(tmp_path), bleu_tokenize="intl", use_cpu=True).bleu_tokenize
+        == "intl"
+    )
+
+
+def test_a_sacrebleu_test_set_offline_is_one_clear_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import sacrebleu.utils
+
+    from hf_vanilla.cli.evaluate_bleu import main
+
+    monkeypatch.setattr(sacrebleu.utils, "SACREBLEU_DIR", str(tmp_path / "sacrebleu"))  # an empty cache
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = ["--model_name_or_path", str(tmp_path / "model"), "--output_dir", str(tmp_path / "eval")]
+    assert main([*args, "--sacrebleu_test_set", "wmt14", "--language_pair", "de-en"]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and error.startswith(
+        "error: sacreBLEU test set wmt14 de-en is not in sacreBLEU's cache"
+    ) and "offline" in error  # fmt: skip
+    assert main([*args, "--sacrebleu_test_set", "wmt99"]) == 1
+    assert "'wmt99' is not a sacreBLEU test set" in capsys.readouterr().err
+    assert main([*args, "--sacrebleu_test_set", "wmt14", "--language_pair", "de-xx"]) == 1
+    assert "has no language pair 'de-xx'; it has: cs-en, de-en" in capsys.readouterr().err
+    assert not (tmp_path / "eval").exists()
+
+
+def test_a_cached_sacrebleu_test_set_loads_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A set in sacreBLEU's cache is read from it without the network (wmt14's layout, faked)."""
+    import sacrebleu.utils
+    from sacrebleu.dataset import DATASETS
+
+    from hf_vanilla.evaluation import load_sacrebleu_test_set
+
+    dataset = DATASETS["wmt14"]
+    monkeypatch.setattr(sacrebleu.utils, "SACREBLEU_DIR", str(tmp_path))
+    (tmp_path / "wmt14" / "raw").mkdir(parents=True)
+    (tmp_path / "wmt14" / "raw" / "placeholder").write_text("")
+    (tmp_path / "src.txt").write_text("Ein Hund.\nZwei.\n")
+    (tmp_path / "ref.txt").write_text("A dog.\nTwo.\n")
+    monkeypatch.setattr(type(dataset), "get_source_file", lambda self, pair: str(tmp_path / "src.txt"))
+    monkeypatch.setattr(type(dataset), "get_reference_files", lambda self, pair: [str(tmp_path / "ref.txt")])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert load_sacrebleu_test_set("wmt14", "de-en") == (["Ein Hund.", "Zwei."], [["A dog."], ["Two."]])

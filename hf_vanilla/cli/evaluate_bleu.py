@@ -4,7 +4,12 @@ r"""Translate a split with the paper's decoding (§6.1) and report corpus BLEU a
         --validation_files /work/shared/data/multi30k/val --source_lang en --target_lang de \
         --split validation --output_dir runs/base/eval
 
-Writes <output_dir>/<split>.hyp.<target_lang> (one hypothesis per line) and
+    hf-vanilla-evaluate --model_name_or_path runs/wmt --sacrebleu_test_set wmt14 --language_pair de-en \
+        --bleu_tokenize intl --output_dir runs/wmt/eval
+
+--sacrebleu_test_set takes a standard test set by its sacreBLEU name (sacreBLEU's own downloader and
+cache; offline, only the cache). --bleu_tokenize is sacreBLEU's -tok (13a, intl, char, zh, none, ...);
+the BLEU signature in the results names it. Writes <output_dir>/<split>.hyp.<target_lang> (one hypothesis per line) and
 <output_dir>/<split>.results.json (scores, sacreBLEU signatures, decoding settings and seconds), which
 hf-vanilla-publish puts on the model card. Prints BLEU, chrF and the decoding time; compare stopping
 rules with --early_stopping never|true|false. Existing result files are kept unless --overwrite is given.
@@ -24,7 +29,14 @@ from transformers import HfArgumentParser
 from hf_vanilla.checkpointing import refuse_to_replace
 from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
 from hf_vanilla.data import DataArguments, load_from_args
-from hf_vanilla.evaluation import evaluate_dataset, write_results
+from hf_vanilla.evaluation import (
+    BLEU_TOKENIZERS,
+    check_bleu_tokenize,
+    evaluate_translations,
+    load_sacrebleu_test_set,
+    parallel_columns,
+    write_results,
+)
 from hf_vanilla.translate import DecodingOptions, ModelArguments, load_model_and_tokenizer
 
 
@@ -36,6 +48,23 @@ class EvalArguments:
     )
     dataset_display_name: str | None = field(
         default=None, metadata={"help": "Name of the data on the model card, e.g. 'Multi30k (Task 1)'."}
+    )
+    bleu_tokenize: str = field(
+        default="13a",
+        metadata={"help": f"sacreBLEU's BLEU tokenizer: {', '.join(BLEU_TOKENIZERS)} (13a: WMT's)."},
+    )
+    sacrebleu_test_set: str | None = field(
+        default=None,
+        metadata={
+            "help": "Translate and score a sacreBLEU test set by name (e.g. wmt14) instead of the data arguments; "
+            "the split is named after it."
+        },
+    )
+    language_pair: str | None = field(
+        default=None,
+        metadata={
+            "help": "With --sacrebleu_test_set: SRC-TGT, e.g. de-en (default: --source_lang-target_lang)."
+        },
     )
     overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
 
@@ -53,32 +82,45 @@ def _run(argv: list[str]) -> None:
     )
     model_args, data_args, decoding, eval_args = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    check_bleu_tokenize(eval_args.bleu_tokenize)
+    test_set = eval_args.sacrebleu_test_set
+    if test_set and eval_args.language_pair:
+        if eval_args.language_pair.count("-") != 1:
+            raise ValueError(f"--language_pair {eval_args.language_pair!r}: give SRC-TGT, e.g. de-en.")
+        data_args.source_lang, data_args.target_lang = eval_args.language_pair.split("-")
+    src, tgt = data_args.source_lang, data_args.target_lang
+    split = test_set or eval_args.split
     output_dir = Path(eval_args.output_dir or Path(model_args.model_name_or_path) / "eval")
-    split, tgt = eval_args.split, data_args.target_lang
     hypotheses_file, results_file = output_dir / f"{split}.hyp.{tgt}", output_dir / f"{split}.results.json"
     for path in (hypotheses_file, results_file):  # before any work
         refuse_to_replace(path, eval_args.overwrite, "The evaluation output")
-    data = load_from_args(data_args)
-    if split not in data:
-        raise ValueError(f"Split {split!r} not loaded; available: {sorted(data)}. Pass it with --split.")
+    if test_set:
+        sources, references = load_sacrebleu_test_set(test_set, f"{src}-{tgt}")
+        dataset_name = f"sacreBLEU {test_set} {src}-{tgt}"
+    else:
+        data = load_from_args(data_args)
+        if split not in data:
+            raise ValueError(f"Split {split!r} not loaded; available: {sorted(data)}. Pass it with --split.")
+        sources, references = parallel_columns(data[split], src, tgt)
+        dataset_name = data_args.dataset_name or "local files"
     model, tokenizer = load_model_and_tokenizer(model_args)
-    results = evaluate_dataset(
+    results = evaluate_translations(
         model,
         tokenizer,
-        data[split],
-        data_args.source_lang,
-        tgt,
+        sources,
+        references,
         options=decoding,
         batch_size=model_args.batch_size,
         device=model_args.device,
         hypotheses_file=hypotheses_file,
+        bleu_tokenize=eval_args.bleu_tokenize,
     )
     results.update(
         split=split,
-        source_lang=data_args.source_lang,
+        source_lang=src,
         target_lang=tgt,
         model=model_args.model_name_or_path,
-        dataset_name=eval_args.dataset_display_name or data_args.dataset_name or "local files",
+        dataset_name=eval_args.dataset_display_name or dataset_name,
     )
     path = write_results(results, results_file)
     summary = {

@@ -2,8 +2,13 @@
 
 hf-vanilla-translate --model_name_or_path runs/base < source.txt > hypotheses.txt
 hf-vanilla-translate --model_name_or_path runs/base --input_file val.en --output_file val.hyp.de
+hf-vanilla-translate --model_name_or_path runs/base-ct2 --nbest 4 --dtype float32   # a CTranslate2 export
 
-Blank lines give blank lines. An existing --output_file is kept unless --overwrite is given.
+Interactive: lines typed or piped into stdin are translated as they arrive (when --buffer_size lines wait,
+when the input pauses for 0.1 s, or at its end). Blank lines give blank lines. With --nbest N each input
+line gives N lines "INDEX<TAB>SCORE<TAB>TRANSLATION", best first (INDEX: the input line, from 0; SCORE:
+log P / |Y|^α, or the GNMT penalty's with --length_penalty_type gnmt; CTranslate2: its own); a blank line gives
+"INDEX<TAB><TAB>". An existing --output_file is kept unless --overwrite is given.
 """
 
 from __future__ import annotations
@@ -30,6 +35,24 @@ class IOArguments:
         metadata={"help": "Where translations go, one per line ('-' = stdout); written whole or not at all."},
     )
     overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
+    buffer_size: int = field(
+        default=10_000,
+        metadata={
+            "help": "Translate when this many lines wait (stdin also when the input pauses, and at its end)."
+        },
+    )
+    nbest: int | None = field(
+        default=None,
+        metadata={
+            "help": "Write the N best translations per line with scores (N <= --num_beams); see above."
+        },
+    )
+    max_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "At most this many output tokens (</s> included), below the input length + 50 bound."
+        },
+    )
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -47,7 +70,11 @@ def _run(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if io.output_file != "-":
         refuse_to_replace(io.output_file, io.overwrite, "--output_file")  # before loading anything
-    model, tokenizer = load_model_and_tokenizer(model_args)
+    if io.nbest is not None and not 1 <= io.nbest <= decoding.num_beams:
+        raise ValueError(f"--nbest {io.nbest} needs --num_beams >= {io.nbest} (now {decoding.num_beams}).")
+    if io.max_length is not None and io.max_length < 1:
+        raise ValueError(f"--max_length must be a positive number of tokens, got {io.max_length}.")
+    model, tokenizer = load_model_and_tokenizer(model_args, allow_ctranslate2=True)
     logging.getLogger("translate").info("Decoding: %s", decoding.describe())
     translate_stream(
         model,
@@ -57,7 +84,11 @@ def _run(argv: list[str]) -> None:
         decoding,
         model_args.batch_size,
         model_args.device,
+        chunk_lines=io.buffer_size,
+        generate_kwargs={} if io.max_length is None else {"max_new_tokens": io.max_length},
         overwrite=io.overwrite,
+        nbest=io.nbest,
+        max_tokens=model_args.max_tokens,
     )
 
 
