@@ -266,7 +266,9 @@ def test_accelerate_launch_runs_two_cpu_processes(
         tmp_path,
         launcher,
         _train_args(
-            tokenizer_dir, tmp_path / "out", "--per_device_train_batch_size", "4", "--do_eval", "false"
+            tokenizer_dir,
+            tmp_path / "out",
+            *("--max_tokens", "0", "--per_device_train_batch_size", "4", "--do_eval", "false"),
         ),
     ).wait()
     _check_two_ranks(run)

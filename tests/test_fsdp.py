@@ -199,7 +199,7 @@ def trainer_runs(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) 
     steps 2 and 4, evaluation with generation), the same as 1 process (1 × 8 pairs), and the FSDP run
     resumed from a copy of its step-2 checkpoint."""
     root = tmp_path_factory.mktemp("fsdp-trainer")
-    extra = ["--save_strategy", "steps", "--save_steps", "2"]
+    extra = ["--save_strategy", "steps", "--save_steps", "2", "--max_tokens", "0"]  # sentence-count batches
     fsdp = Run(
         root / "fsdp", "accelerate-fsdp",
         _train_args(tokenizer_dir, root / "fsdp" / "out", "--per_device_train_batch_size", "4", *extra), SHIM,
@@ -207,7 +207,7 @@ def trainer_runs(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) 
     single = Run(
         root / "single", "python",
         _train_args(tokenizer_dir, root / "single" / "out", "--per_device_train_batch_size", "8",
-                    "--do_eval", "false"),
+                    "--max_tokens", "0", "--do_eval", "false"),
     )  # fmt: skip
     fsdp.wait(), single.wait()
     (root / "resumed" / "out").mkdir(parents=True)
