@@ -40,9 +40,9 @@ from huggingface_hub import ModelCard, ModelCardData, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 from transformers import AutoConfig, FSMTForConditionalGeneration, MarianMTModel, PreTrainedModel
 
-from .checkpointing import atomic_directory, refuse_to_replace
 from .cli import OVERWRITE_HELP
 from .configuration_vanilla_transformer import _ACTIVATIONS, VanillaTransformerConfig
+from .durability import atomic_directory, refuse_to_replace
 from .hub import save_model_folder
 from .modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,

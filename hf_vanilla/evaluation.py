@@ -19,7 +19,7 @@ from typing import Any
 
 import evaluate
 
-from hf_vanilla.checkpointing import atomic_file
+from hf_vanilla.durability import atomic_file
 from hf_vanilla.translate import DecodingOptions, translate
 
 logger = logging.getLogger(__name__)

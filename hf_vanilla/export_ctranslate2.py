@@ -32,12 +32,13 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from .checkpointing import atomic_directory, refuse_to_replace, verify_model_folder
+from .durability import atomic_directory, refuse_to_replace
 from .modeling_vanilla_transformer import (
     VanillaTransformerAttention,
     VanillaTransformerForConditionalGeneration,
     sinusoidal_position_encoding,
 )
+from .safe_loading import verify_model_folder
 from .tokenization import check_tokenizer_matches_config
 
 logger = logging.getLogger(__name__)

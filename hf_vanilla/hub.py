@@ -35,10 +35,11 @@ from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
 from transformers.dynamic_module_utils import custom_object_save
 
-from hf_vanilla.checkpointing import PICKLE_SUFFIXES, atomic_directory, refuse_to_replace
 from hf_vanilla.cli import OVERWRITE_HELP
+from hf_vanilla.durability import atomic_directory, refuse_to_replace
 from hf_vanilla.pipeline_vanilla_transformer import TASK as PIPELINE_TASK
 from hf_vanilla.pipeline_vanilla_transformer import VanillaTranslationPipeline
+from hf_vanilla.safe_loading import PICKLE_SUFFIXES
 from hf_vanilla.translate import EARLY_STOPPING
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from hf_vanilla.checkpointing import atomic_file
+from hf_vanilla.durability import atomic_file
 from hf_vanilla.modeling_vanilla_transformer import sinusoidal_position_encoding
 from hf_vanilla.translate import paper_generation_kwargs
 
