@@ -783,6 +783,26 @@ def _evaluate_splits(
     return results
 
 
+def _paper_trainer(
+    model: PreTrainedModel,
+    training_args: PaperTrainingArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    train_set: datasets.Dataset | None,
+    eval_set: datasets.Dataset | None,
+) -> PaperSeq2SeqTrainer:
+    """The trainer of ``run_training``: labels padded with -100 by the collator, BLEU/chrF from
+    generation when ``--predict_with_generate``."""
+    return PaperSeq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        compute_metrics=build_compute_metrics(tokenizer) if training_args.predict_with_generate else None,
+    )
+
+
 def run_training(
     model_args: ModelArguments, data_args: DataArguments, training_args: PaperTrainingArguments
 ) -> dict[str, float]:
@@ -826,15 +846,7 @@ def run_training(
         )
     _describe(model, training_args, len(train_set) if train_set is not None else 0)
 
-    trainer = PaperSeq2SeqTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=train_set,
-        eval_dataset=eval_set,
-        processing_class=tokenizer,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
-        compute_metrics=build_compute_metrics(tokenizer) if training_args.predict_with_generate else None,
-    )
+    trainer = _paper_trainer(model, training_args, tokenizer, train_set, eval_set)
     if training_args.do_train:
         trainer.add_callback(SaveOnSignalCallback())  # SIGTERM/Ctrl-C: save the current step, exit 143/130
     results: dict[str, float] = {}
@@ -861,13 +873,6 @@ def run_training(
             )
         trainer.accelerator.wait_for_everyone()
         averaged = AutoModelForSeq2SeqLM.from_pretrained(averaged_dir)
-        averaged_trainer = PaperSeq2SeqTrainer(
-            model=averaged,
-            args=training_args,
-            eval_dataset=eval_set,
-            processing_class=tokenizer,
-            data_collator=DataCollatorForSeq2Seq(tokenizer, model=averaged, label_pad_token_id=-100),
-            compute_metrics=build_compute_metrics(tokenizer) if training_args.predict_with_generate else None,
-        )
+        averaged_trainer = _paper_trainer(averaged, training_args, tokenizer, None, eval_set)
         results.update(_evaluate_splits(averaged_trainer, eval_splits, prefix="averaged_"))
     return results
