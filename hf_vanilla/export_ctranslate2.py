@@ -32,14 +32,14 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from .durability import atomic_directory, refuse_to_replace
-from .modeling_vanilla_transformer import (
+from hf_vanilla.durability import atomic_directory, refuse_to_replace
+from hf_vanilla.modeling_vanilla_transformer import (
     VanillaTransformerAttention,
     VanillaTransformerForConditionalGeneration,
     sinusoidal_position_encoding,
 )
-from .safe_loading import verify_model_folder
-from .tokenization import check_tokenizer_matches_config
+from hf_vanilla.safe_loading import verify_model_folder
+from hf_vanilla.tokenization import check_tokenizer_matches_config
 
 logger = logging.getLogger(__name__)
 
