@@ -213,6 +213,15 @@ def random_batch(vocab: int, batch: int, length: int, generator: torch.Generator
     return torch.randint(4, vocab, (batch, length), generator=generator)
 
 
+def training_batch(config: VanillaTransformerConfig, args: BenchArguments) -> dict[str, torch.Tensor]:
+    """The random training batch of the train and memory cases: ``batch_size`` sentences of
+    ``source_length`` → ``target_length`` tokens."""
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    source = random_batch(config.vocab_size, args.batch_size, args.source_length, generator)
+    labels = random_batch(config.vocab_size, args.batch_size, args.target_length, generator)
+    return {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": labels}
+
+
 def make_optimizer(model: torch.nn.Module) -> torch.optim.AdamW:
     """AdamW with the paper's β and ε, fused: the Trainer's default optimizer (``adamw_torch_fused``
     on torch ≥ 2.8)."""
@@ -257,10 +266,7 @@ def run_train(
     args: BenchArguments,
     repeats: int,
 ) -> Row:
-    generator = torch.Generator().manual_seed(args.seed + 1)
-    source = random_batch(config.vocab_size, args.batch_size, args.source_length, generator)
-    labels = random_batch(config.vocab_size, args.batch_size, args.target_length, generator)
-    batch = {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": labels}
+    batch = training_batch(config, args)
     calls = {OURS: make_train_step(ours, batch), MARIAN: make_train_step(marian, batch)}
     timings = interleave(calls, args.warmup, repeats, args.clock)
     flops = 3 * forward_flops(config, args.batch_size, args.source_length, args.target_length)
@@ -274,6 +280,18 @@ def run_train(
     )
 
 
+def decoding_case(
+    config: VanillaTransformerConfig, args: BenchArguments, batch: int, beams: int, new_tokens: int
+) -> tuple[str, torch.Tensor, GenerationConfig]:
+    """A decoding case's name, its random source batch and its generation config, the same for every
+    model timed on it."""
+    generator = torch.Generator().manual_seed(args.seed + 2)
+    source = random_batch(config.vocab_size, batch, args.source_length, generator)
+    search = "greedy" if beams == 1 else f"beam {beams}"
+    case = f"generate {search}, batch {batch}, {args.source_length}→{new_tokens} tokens"
+    return case, source, generation_config(beams, new_tokens)
+
+
 def run_generate(
     ours: torch.nn.Module,
     marian: torch.nn.Module,
@@ -284,17 +302,14 @@ def run_generate(
     new_tokens: int,
     repeats: int,
 ) -> Row:
-    generator = torch.Generator().manual_seed(args.seed + 2)
-    source = random_batch(config.vocab_size, batch, args.source_length, generator)
-    gen_config = generation_config(beams, new_tokens)
+    case, source, gen_config = decoding_case(config, args, batch, beams, new_tokens)
     calls = {
         OURS: make_generate(ours, source, gen_config, new_tokens),
         MARIAN: make_generate(marian, source, gen_config, new_tokens),
     }
     timings = interleave(calls, args.warmup, repeats, args.clock)
-    search = "greedy" if beams == 1 else f"beam {beams}"
     return Row(
-        f"generate {search}, batch {batch}, {args.source_length}→{new_tokens} tokens",
+        case,
         "ms/new token",
         timings,
         steps=new_tokens,
@@ -315,9 +330,7 @@ def run_compiled(
 ) -> dict[str, Any]:
     """Compiled decoding — a static cache and ``torch.compile(model.forward)``, transformers' route to
     fast generation — against the same model's eager decoding with its growing cache, interleaved."""
-    generator = torch.Generator().manual_seed(args.seed + 2)
-    source = random_batch(config.vocab_size, batch, args.source_length, generator)
-    eager_config = generation_config(beams, new_tokens)
+    case, source, eager_config = decoding_case(config, args, batch, beams, new_tokens)
     static_config = copy.deepcopy(eager_config)
     static_config.cache_implementation = "static"
     compiled = copy.deepcopy(ours)
@@ -333,9 +346,8 @@ def run_compiled(
         args.clock,
     )
     ratios = [e / c for e, c in zip(timings["eager"].seconds, timings["compiled"].seconds, strict=True)]
-    search = "greedy" if beams == 1 else f"beam {beams}"
     return {
-        "case": f"generate {search}, batch {batch}, {args.source_length}→{new_tokens} tokens",
+        "case": case,
         "compile_seconds": compile_seconds,
         "eager_ms_per_token": timings["eager"].median * 1e3 / new_tokens,
         "compiled_ms_per_token": timings["compiled"].median * 1e3 / new_tokens,
@@ -369,10 +381,7 @@ def memory_child(args: BenchArguments) -> None:
     model = (
         build_ours(ours_config, args.seed) if args.memory_child == OURS else build_marian(marian_config, None)
     )
-    generator = torch.Generator().manual_seed(args.seed + 1)
-    source = random_batch(ours_config.vocab_size, args.batch_size, args.source_length, generator)
-    labels = random_batch(ours_config.vocab_size, args.batch_size, args.target_length, generator)
-    batch = {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": labels}
+    batch = training_batch(ours_config, args)
     after_build = _rss_bytes("VmHWM")
     step = make_train_step(model, batch)
     for _ in range(3):

@@ -74,24 +74,30 @@ STAGING_DIR_NAME = ".incomplete-checkpoints"
 # --------------------------------------------------------------------------------------------------
 # resuming
 # --------------------------------------------------------------------------------------------------
-def find_complete_checkpoints(run_dir: str | Path, **verify_kwargs: Any) -> list[Path]:
-    """The ``checkpoint-<step>`` folders of ``run_dir`` that pass :func:`verify_checkpoint`, oldest
-    first; damaged ones are skipped with a warning saying why."""
+def _complete_checkpoints(run_dir: str | Path, newest_first: bool, **verify_kwargs: Any) -> Iterator[Path]:
+    """The ``checkpoint-<step>`` folders of ``run_dir`` that pass :func:`verify_checkpoint`, checked one
+    at a time in step order as they are drawn; damaged ones are skipped with a warning saying why."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        return []
+        return
     candidates = sorted(
-        (p for p in run_dir.iterdir() if p.is_dir() and checkpoint_step(p) is not None), key=checkpoint_step
+        (p for p in run_dir.iterdir() if p.is_dir() and checkpoint_step(p) is not None),
+        key=checkpoint_step,
+        reverse=newest_first,
     )
-    good = []
     for path in candidates:
         try:
             verify_checkpoint(path, **verify_kwargs)
         except CheckpointError as err:
             logger.warning("Skipping checkpoint %s: %s", path, err)
         else:
-            good.append(path)
-    return good
+            yield path
+
+
+def find_complete_checkpoints(run_dir: str | Path, **verify_kwargs: Any) -> list[Path]:
+    """The ``checkpoint-<step>`` folders of ``run_dir`` that pass :func:`verify_checkpoint`, oldest
+    first; damaged ones are skipped with a warning saying why."""
+    return list(_complete_checkpoints(run_dir, newest_first=False, **verify_kwargs))
 
 
 def last_complete_checkpoint(run_dir: str | Path, **verify_kwargs: Any) -> Path | None:
@@ -100,22 +106,7 @@ def last_complete_checkpoint(run_dir: str | Path, **verify_kwargs: Any) -> Path 
     Use it instead of ``get_last_checkpoint``, which returns the newest folder even when a kill
     during saving left it half-written.
     """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return None
-    candidates = sorted(
-        (p for p in run_dir.iterdir() if p.is_dir() and checkpoint_step(p) is not None),
-        key=checkpoint_step,
-        reverse=True,
-    )
-    for path in candidates:
-        try:
-            verify_checkpoint(path, **verify_kwargs)
-        except CheckpointError as err:
-            logger.warning("Skipping checkpoint %s: %s", path, err)
-        else:
-            return path
-    return None
+    return next(_complete_checkpoints(run_dir, newest_first=True, **verify_kwargs), None)
 
 
 def resolve_resume_checkpoint(
