@@ -26,10 +26,10 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import datasets
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -43,9 +43,6 @@ from transformers import (
 
 from hf_vanilla.cli import OVERWRITE_HELP
 from hf_vanilla.data import DataArguments
-
-if TYPE_CHECKING:
-    from hf_vanilla.training import ModelArguments
 
 logger = logging.getLogger(__name__)
 
@@ -247,16 +244,17 @@ def tokenize_translations(
 
 
 def load_or_train_tokenizer(
-    model_args: ModelArguments,
+    sources: Sequence[str | None],
     data: datasets.DatasetDict,
     data_args: DataArguments,
-    resume_checkpoint: str | None,
+    vocab_size: int,
     training_args: TrainingArguments,
 ) -> PreTrainedTokenizerBase:
-    """The tokenizer: given by path, else the one saved with the model or checkpoint, else a new
-    shared BPE (§5.1) trained on both sides of the training split — by the main process only under
-    data parallelism, which sends its files to the other ranks (no shared file system needed)."""
-    source = model_args.tokenizer_name_or_path or resume_checkpoint or model_args.model_name_or_path
+    """The tokenizer saved at the first of ``sources`` that is given (a tokenizer path, a checkpoint or
+    a model folder, in the caller's order of precedence), else a new shared BPE (§5.1) of
+    ``vocab_size`` tokens trained on both sides of the training split — by the main process only
+    under data parallelism, which sends its files to the other ranks (no shared file system needed)."""
+    source = next((path for path in sources if path), None)
     if source is not None:
         logger.info("Loading the tokenizer from %s", source)
         return load_tokenizer(source)
@@ -270,12 +268,12 @@ def load_or_train_tokenizer(
     if training_args.process_index == 0:
         logger.info(
             "Training a shared BPE tokenizer (%d tokens) on the training split, once for %d process(es)",
-            model_args.tokenizer_vocab_size,
+            vocab_size,
             processes,
         )
         try:
             tokenizer = train_tokenizer_from_dataset(
-                data, data_args.source_lang, data_args.target_lang, vocab_size=model_args.tokenizer_vocab_size
+                data, data_args.source_lang, data_args.target_lang, vocab_size=vocab_size
             )
             if processes == 1:
                 return tokenizer

@@ -827,7 +827,13 @@ def run_training(
         raise ValueError(
             f"No training split in the data (splits: {list(data)}); give --train_files or --demo."
         )
-    tokenizer = load_or_train_tokenizer(model_args, data, data_args, resume, training_args)
+    tokenizer = load_or_train_tokenizer(  # given by path, else saved with the checkpoint or model, else new
+        (model_args.tokenizer_name_or_path, resume, model_args.model_name_or_path),
+        data,
+        data_args,
+        model_args.tokenizer_vocab_size,
+        training_args,
+    )
     model = build_model(model_args, tokenizer, resume)
     tokenized = tokenize_translations(
         data,
