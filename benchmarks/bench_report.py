@@ -5,13 +5,11 @@ from __future__ import annotations
 import statistics
 import subprocess
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from bench_options import BenchArguments
 from bench_timing import MARIAN, OURS, Row, Timing, pair_ratios
 from bench_workloads import SIZES
-
-if TYPE_CHECKING:
-    from bench import BenchArguments
 
 
 def fmt_ms(timing: Timing, per: float) -> str:

@@ -18,9 +18,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from bench_options import BenchArguments
 from bench_timing import MARIAN, OURS, Row, interleave, load_average
 from transformers import (
     DataCollatorForSeq2Seq,
@@ -32,9 +33,6 @@ from transformers import (
 
 from hf_vanilla import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from hf_vanilla.modeling_vanilla_transformer import sinusoidal_position_encoding
-
-if TYPE_CHECKING:
-    from bench import BenchArguments
 
 #: The entry point, which also runs each memory measurement in a fresh process (``--memory_child``).
 BENCH_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.py")
