@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,13 +25,12 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
-from hf_vanilla.checkpointing import atomic_directory, refuse_to_replace, verify_safetensors_file
+from hf_vanilla.durability import atomic_directory, refuse_to_replace
 from hf_vanilla.hub import save_model_folder
+from hf_vanilla.safe_loading import checkpoint_step, verify_safetensors_file
 
 logger = logging.getLogger(__name__)
 
-#: Trainer checkpoint folders: ``checkpoint-<global step>``.
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 #: Tokenizer files copied from the newest checkpoint into the averaged model folder.
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -46,20 +44,12 @@ SAFETENSORS_NAME = "model.safetensors"
 SAFETENSORS_INDEX_NAME = "model.safetensors.index.json"
 
 __all__ = [
-    "CHECKPOINT_PATTERN",
     "average_checkpoints",
     "average_last_checkpoints",
     "average_state_dicts",
-    "checkpoint_step",
     "find_checkpoints",
     "load_safetensors_state_dict",
 ]
-
-
-def checkpoint_step(path: str | Path) -> int | None:
-    """The step number of a ``checkpoint-<step>`` folder name, or ``None`` for other names."""
-    match = CHECKPOINT_PATTERN.match(Path(path).name)
-    return int(match.group(1)) if match else None
 
 
 def find_checkpoints(run_dir: str | Path) -> list[Path]:

@@ -301,7 +301,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
     train dataset's `input_ids` and `labels` columns, once per dataset. Works with one process and with
     N-process DDP (each rank gets its own batches, equally many), with gradient accumulation, and with
     `dataloader_drop_last` (see `TokenBudgetBatchSampler`). The shuffling seed is `data_seed`, else `seed`.
-    Evaluation keeps sentence-count batches.
+    Evaluation keeps sentence-count batches. `max_tokens` is checked once, by the sampler that
+    consumes it (`--max_tokens` on the command line by `PaperTrainingArguments`).
     """
 
     def __init__(
@@ -315,10 +316,6 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         super().__init__(*args, **kwargs)
         if max_tokens is None:
             max_tokens = getattr(self.args, "max_tokens", None)
-        if max_tokens is not None and max_tokens < 1:
-            raise ValueError(
-                f"max_tokens must be None (sentence-count batches) or a positive int, got {max_tokens}."
-            )
         self.max_tokens, self.sort_pool_size, self.max_sentences = max_tokens, sort_pool_size, max_sentences
         self._length_cache: tuple[str, np.ndarray, np.ndarray] | None = None
 

@@ -40,11 +40,11 @@ from huggingface_hub import ModelCard, ModelCardData, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 from transformers import AutoConfig, FSMTForConditionalGeneration, MarianMTModel, PreTrainedModel
 
-from .checkpointing import atomic_directory, refuse_to_replace
-from .cli import OVERWRITE_HELP
-from .configuration_vanilla_transformer import _ACTIVATIONS, VanillaTransformerConfig
-from .hub import save_model_folder
-from .modeling_vanilla_transformer import (
+from hf_vanilla.cli import OVERWRITE_HELP
+from hf_vanilla.configuration_vanilla_transformer import _ACTIVATIONS, VanillaTransformerConfig
+from hf_vanilla.durability import atomic_directory, refuse_to_replace
+from hf_vanilla.hub import save_model_folder
+from hf_vanilla.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     sinusoidal_position_encoding,
 )

@@ -3,7 +3,7 @@
     python -m hf_vanilla.demo --output_dir demo_output
 
 English → German spelled-out numbers ("three thousand four hundred twenty-one" →
-"dreitausendvierhunderteinundzwanzig"; :func:`hf_vanilla.data.make_demo_splits`), generated at run
+"dreitausendvierhunderteinundzwanzig"; :func:`hf_vanilla.demo_numbers.make_demo_splits`), generated at run
 time: nothing is downloaded, so it works with ``HF_HUB_OFFLINE=1``. The task needs what translation
 needs — German puts units before tens ("twenty-one" → "ein|und|zwanzig") and fuses words, so the
 model must reorder and produce subwords of a shared BPE vocabulary (§3.4, §5.1).
@@ -37,10 +37,11 @@ import torch
 import transformers
 from transformers import DataCollatorForSeq2Seq, HfArgumentParser
 
-from hf_vanilla.checkpointing import atomic_directory, refuse_to_replace
 from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
 from hf_vanilla.configuration_vanilla_transformer import VanillaTransformerConfig
-from hf_vanilla.data import make_demo_splits, make_number_pairs, translation_features
+from hf_vanilla.data import translation_features
+from hf_vanilla.demo_numbers import make_demo_splits, make_number_pairs
+from hf_vanilla.durability import atomic_directory, refuse_to_replace
 from hf_vanilla.evaluation import compute_bleu_chrf, evaluate_dataset
 from hf_vanilla.hub import DatasetCard, render_model_card
 from hf_vanilla.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
@@ -61,7 +62,7 @@ BASIC_NUMBERS = 100
 DEMO_DATASET = DatasetCard(
     dataset_id="hf_vanilla-demo-numbers",
     name="hf_vanilla demo: English → German spelled-out numbers",
-    terms="Generated at run time by `hf_vanilla.data.make_demo_splits`; no third-party data is involved.",
+    terms="Generated at run time by `hf_vanilla.demo_numbers.make_demo_splits`; no third-party data is involved.",
     license="apache-2.0",
 )
 
@@ -131,7 +132,7 @@ class DemoArguments:
 
 
 def demo_data(args: DemoArguments) -> datasets.DatasetDict:
-    """The splits of :func:`hf_vanilla.data.make_demo_splits`, with the numbers below
+    """The splits of :func:`hf_vanilla.demo_numbers.make_demo_splits`, with the numbers below
     ``BASIC_NUMBERS`` (the one- and two-word numbers) moved into the training split.
 
     Every German number word has to be seen once to be produced: "eighteen" → "achtzehn" cannot be

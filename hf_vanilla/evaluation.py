@@ -22,8 +22,8 @@ from typing import Any
 import evaluate
 from sacrebleu.metrics.bleu import BLEU
 
-from hf_vanilla.checkpointing import atomic_file
 from hf_vanilla.data import hub_offline
+from hf_vanilla.durability import atomic_file
 from hf_vanilla.translate import DecodingOptions, translate
 
 logger = logging.getLogger(__name__)

@@ -37,14 +37,15 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from .checkpointing import atomic_directory, refuse_to_replace, verify_model_folder
-from .hub import limit_tokenizer_length
-from .modeling_vanilla_transformer import (
+from hf_vanilla.durability import atomic_directory, refuse_to_replace
+from hf_vanilla.hub import limit_tokenizer_length
+from hf_vanilla.modeling_vanilla_transformer import (
     VanillaTransformerAttention,
     VanillaTransformerForConditionalGeneration,
     sinusoidal_position_encoding,
 )
-from .tokenization import check_tokenizer_matches_config
+from hf_vanilla.safe_loading import verify_model_folder
+from hf_vanilla.tokenization import check_tokenizer_matches_config
 
 logger = logging.getLogger(__name__)
 

@@ -35,10 +35,12 @@ from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
 from transformers.dynamic_module_utils import custom_object_save
 
-from hf_vanilla.checkpointing import PICKLE_SUFFIXES, atomic_directory, refuse_to_replace
 from hf_vanilla.cli import OVERWRITE_HELP
+from hf_vanilla.durability import atomic_directory, refuse_to_replace
+from hf_vanilla.modeling_vanilla_transformer import restored_auto_class_registration
 from hf_vanilla.pipeline_vanilla_transformer import TASK as PIPELINE_TASK
 from hf_vanilla.pipeline_vanilla_transformer import VanillaTranslationPipeline
+from hf_vanilla.safe_loading import PICKLE_SUFFIXES
 from hf_vanilla.translate import EARLY_STOPPING
 
 logger = logging.getLogger(__name__)
@@ -239,28 +241,13 @@ def registered_for_remote_code(model: Any) -> Iterator[None]:
     """While inside, ``model.save_pretrained`` writes the modeling code (and its relative imports,
     ``fast_paths.py``), an ``auto_map`` for ``AutoConfig``, ``AutoModel`` and ``AutoModelForSeq2SeqLM``,
     and the pipeline entry. The classes' registration and the config are restored afterwards."""
-    model_cls, config_cls = type(model), type(model.config)
-    saved_state = (model_cls.__dict__.get("_auto_class"), config_cls.__dict__.get("_auto_class"))
-    saved = {key: model.config.__dict__.get(key) for key in ("auto_map", "custom_pipelines")}
-    try:
+    with restored_auto_class_registration(model, "auto_map", "custom_pipelines"):
         # The model's save_pretrained maps AutoConfig, AutoModel and AutoModelForSeq2SeqLM once registered
         # (transformers alone would map only the saved class and AutoConfig); _check_folder verifies it.
         model.config.register_for_auto_class("AutoConfig")
         model.register_for_auto_class("AutoModelForSeq2SeqLM")
         model.config.custom_pipelines = CUSTOM_PIPELINES
         yield
-    finally:
-        for cls, value in zip((model_cls, config_cls), saved_state, strict=True):
-            if value is None:
-                if "_auto_class" in cls.__dict__:
-                    delattr(cls, "_auto_class")
-            else:
-                cls._auto_class = value
-        for key, value in saved.items():
-            if value is None:
-                model.config.__dict__.pop(key, None)
-            else:
-                setattr(model.config, key, value)
 
 
 def limit_tokenizer_length(tokenizer: Any, config: Any) -> None:

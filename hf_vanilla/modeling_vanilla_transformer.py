@@ -53,10 +53,11 @@ Mask semantics (all masks are built in :func:`build_attention_mask`):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -477,6 +478,33 @@ class VanillaTransformerDecoderLayer(_PostLNSublayers):
 # --------------------------------------------------------------------------------------------------
 # The pre-trained model base: initialisation (deviation 1) and HF capabilities
 # --------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def restored_auto_class_registration(model: PreTrainedModel, *config_keys: str) -> Iterator[None]:
+    """On leaving, put back what was there on entering: the ``_auto_class`` registration of the model's
+    and its config's classes (``register_for_auto_class`` sets it on the class) and the config's
+    ``config_keys`` entries (e.g. ``auto_map``, present or absent). The one place that restores them,
+    for :meth:`VanillaTransformerPreTrainedModel.save_pretrained` and ``hf_vanilla.hub``."""
+    config = model.config
+    classes = [
+        (cls, "_auto_class" in cls.__dict__, cls.__dict__.get("_auto_class"))
+        for cls in (type(model), type(config))
+    ]
+    entries = [(key, key in config.__dict__, config.__dict__.get(key)) for key in config_keys]
+    try:
+        yield
+    finally:
+        for cls, had, value in classes:
+            if had:
+                cls._auto_class = value
+            elif "_auto_class" in cls.__dict__:
+                del cls._auto_class
+        for key, had, value in entries:
+            if had:
+                setattr(config, key, value)
+            else:
+                config.__dict__.pop(key, None)
+
+
 class VanillaTransformerPreTrainedModel(PreTrainedModel):
     """Weight initialisation and the capabilities declared to transformers."""
 
@@ -498,30 +526,15 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         is left as it was."""
         if self._auto_class is None:
             return super().save_pretrained(save_directory, *args, **kwargs)
-        config, config_class = self.config, type(self.config)
-        had_map, old_map = "auto_map" in config.__dict__, config.__dict__.get("auto_map")
-        had_class, old_class = (
-            "_auto_class" in config_class.__dict__,
-            config_class.__dict__.get("_auto_class"),
-        )
         module = type(self).__module__.rsplit(".", 1)[-1]
-        config.register_for_auto_class()  # AutoConfig; a class attribute
-        config.auto_map = {
-            **(old_map or {}),
-            "AutoModel": f"{module}.VanillaTransformerModel",
-            "AutoModelForSeq2SeqLM": f"{module}.VanillaTransformerForConditionalGeneration",
-        }
-        try:
+        with restored_auto_class_registration(self, "auto_map"):
+            self.config.register_for_auto_class()  # AutoConfig; a class attribute
+            self.config.auto_map = {
+                **(self.config.__dict__.get("auto_map") or {}),
+                "AutoModel": f"{module}.VanillaTransformerModel",
+                "AutoModelForSeq2SeqLM": f"{module}.VanillaTransformerForConditionalGeneration",
+            }
             return super().save_pretrained(save_directory, *args, **kwargs)
-        finally:
-            if had_map:
-                config.auto_map = old_map
-            else:
-                config.__dict__.pop("auto_map", None)
-            if had_class:
-                config_class._auto_class = old_class
-            else:
-                del config_class._auto_class
 
     def _init_weights(self, module: nn.Module) -> None:
         """Deviation 1: N(0, d_model^-0.5) embeddings (and untied output projection), Xavier-uniform

@@ -28,7 +28,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tokenizers import decoders
 
-from hf_vanilla.checkpointing import atomic_file
+from hf_vanilla.durability import atomic_file
 from hf_vanilla.modeling_vanilla_transformer import sinusoidal_position_encoding
 from hf_vanilla.translate import paper_generation_kwargs
 

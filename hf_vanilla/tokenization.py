@@ -25,16 +25,24 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import datasets
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import (
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    TrainingArguments,
+)
 
 from hf_vanilla.cli import OVERWRITE_HELP
+from hf_vanilla.data import DataArguments
 
 logger = logging.getLogger(__name__)
 
@@ -233,3 +241,56 @@ def tokenize_translations(
         return dict(encoded)
 
     return data.map(encode, batched=True, remove_columns=["translation"], num_proc=num_proc, **map_kwargs)
+
+
+def load_or_train_tokenizer(
+    sources: Sequence[str | None],
+    data: datasets.DatasetDict,
+    data_args: DataArguments,
+    vocab_size: int,
+    training_args: TrainingArguments,
+) -> PreTrainedTokenizerBase:
+    """The tokenizer saved at the first of ``sources`` that is given (a tokenizer path, a checkpoint or
+    a model folder, in the caller's order of precedence), else a new shared BPE (§5.1) of
+    ``vocab_size`` tokens trained on both sides of the training split — by the main process only
+    under data parallelism, which sends its files to the other ranks (no shared file system needed)."""
+    source = next((path for path in sources if path), None)
+    if source is not None:
+        logger.info("Loading the tokenizer from %s", source)
+        return load_tokenizer(source)
+    from accelerate.utils import broadcast_object_list  # the train extra; not needed to load a tokenizer
+
+    # Under data parallelism the main process trains it once and sends its files to every rank (no
+    # shared file system needed); every rank, the main one included, loads the same files. A failure
+    # on the main process is sent too, so that no rank waits for files that never come.
+    processes = training_args.world_size
+    message: list[dict[str, bytes] | str | None] = [None]
+    if training_args.process_index == 0:
+        logger.info(
+            "Training a shared BPE tokenizer (%d tokens) on the training split, once for %d process(es)",
+            vocab_size,
+            processes,
+        )
+        try:
+            tokenizer = train_tokenizer_from_dataset(
+                data, data_args.source_lang, data_args.target_lang, vocab_size=vocab_size
+            )
+            if processes == 1:
+                return tokenizer
+            with tempfile.TemporaryDirectory() as folder:
+                tokenizer.save_pretrained(folder)
+                message = [{path.name: path.read_bytes() for path in Path(folder).iterdir()}]
+        except Exception as error:
+            if processes > 1:
+                broadcast_object_list([f"{type(error).__name__}: {error}"], from_process=0)
+            raise
+    broadcast_object_list(message, from_process=0)
+    files = message[0]
+    if not isinstance(files, dict):
+        raise RuntimeError(f"The main process failed to train the tokenizer ({files}); see its log.")
+    with tempfile.TemporaryDirectory() as folder:
+        for name, content in files.items():
+            (Path(folder) / name).write_bytes(content)
+        tokenizer = load_tokenizer(folder)
+    logger.info("Loaded the tokenizer the main process trained (%d tokens)", len(tokenizer))
+    return tokenizer

@@ -37,7 +37,6 @@ import functools
 import logging
 import math
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +46,6 @@ import datasets
 import numpy as np
 import torch
 import transformers
-from accelerate.utils import broadcast_object_list
 from transformers import (
     AutoConfig,
     AutoModelForSeq2SeqLM,
@@ -62,28 +60,25 @@ from transformers.optimization import _get_inverse_sqrt_schedule_lr_lambda
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import EvalLoopOutput
 
-from hf_vanilla.averaging import average_last_checkpoints, checkpoint_step
+from hf_vanilla.averaging import average_last_checkpoints
 from hf_vanilla.batching import TokenBudgetSeq2SeqTrainer
-from hf_vanilla.checkpointing import (
+from hf_vanilla.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from hf_vanilla.data import DataArguments, load_from_args
+from hf_vanilla.durability import (
     ResilientTrainerMixin,
     SaveOnSignalCallback,
     find_complete_checkpoints,
-    last_complete_checkpoint,
-    refuse_to_replace,
-    verify_checkpoint,
-    verify_model_folder,
+    resolve_resume_checkpoint,
 )
-from hf_vanilla.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from hf_vanilla.data import DataArguments, load_from_args
 from hf_vanilla.evaluation import check_bleu_tokenize, compute_bleu_chrf
 from hf_vanilla.hub import finish_model_folder, limit_tokenizer_length, registered_for_remote_code
 from hf_vanilla.launch_checks import check_fsdp_honoured, check_process_group
 from hf_vanilla.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from hf_vanilla.safe_loading import checkpoint_step, verify_model_folder
 from hf_vanilla.tokenization import (
     check_tokenizer_matches_config,
-    load_tokenizer,
+    load_or_train_tokenizer,
     tokenize_translations,
-    train_tokenizer_from_dataset,
 )
 
 logger = logging.getLogger(__name__)
@@ -104,7 +99,6 @@ __all__ = [
     "paper_learning_rate",
     "paper_peak_learning_rate",
     "planned_checkpoints",
-    "resolve_resume_checkpoint",
     "run_training",
     "setup_logging",
 ]
@@ -646,51 +640,6 @@ def setup_logging(training_args: Seq2SeqTrainingArguments) -> None:
     datasets.utils.logging.set_verbosity(logging.WARNING)
 
 
-def resolve_resume_checkpoint(
-    resume_from_checkpoint: str | None, output_dir: str | Path, overwrite: bool = False
-) -> str | None:
-    """The checkpoint to resume from, checked before any work is done.
-
-    ``None`` starts afresh, but only into an ``output_dir`` that is absent or empty, or, with
-    ``overwrite``, holds no checkpoints (a new run would mix its checkpoints with the old run's, and
-    resuming or averaging would pick from both); ``"last"`` (or ``"true"``) picks the newest whole
-    ``checkpoint-<step>`` in ``output_dir``; anything else must be a checkpoint folder written by the
-    Trainer.
-    """
-    output_dir = Path(output_dir)
-    if resume_from_checkpoint is None or str(resume_from_checkpoint).lower() in ("false", ""):
-        if output_dir.is_dir() and any(checkpoint_step(p) is not None for p in output_dir.iterdir()):
-            raise FileExistsError(
-                f"{str(output_dir)!r} already holds checkpoints. Continue that run with "
-                "--resume_from_checkpoint last, or choose a new --output_dir (nothing was overwritten; "
-                "--overwrite does not apply to another run's checkpoints: delete them yourself to start afresh)."
-            )
-        if not overwrite:
-            refuse_to_replace(output_dir, overwrite, "--output_dir")
-        return None
-    if str(resume_from_checkpoint).lower() in ("last", "true"):
-        last = last_complete_checkpoint(output_dir) if output_dir.is_dir() else None  # whole ones only
-        if last is None:
-            raise FileNotFoundError(
-                f"--resume_from_checkpoint {resume_from_checkpoint}: no checkpoint-<step> folder in "
-                f"{str(output_dir)!r}. Check --output_dir, or drop --resume_from_checkpoint to start afresh."
-            )
-        return str(last)
-    path = Path(resume_from_checkpoint)
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"--resume_from_checkpoint {str(path)!r} does not exist. Give a checkpoint-<step> folder of an "
-            "earlier run, or 'last' for the newest one in --output_dir."
-        )
-    if not (path / "trainer_state.json").is_file():
-        raise FileNotFoundError(
-            f"--resume_from_checkpoint {str(path)!r} is not a Trainer checkpoint (no trainer_state.json). To "
-            "start from saved weights without the optimizer state, use --model_name_or_path instead."
-        )
-    verify_checkpoint(path)  # whole, and plain tensor data only: an error naming the file otherwise
-    return str(path)
-
-
 def planned_checkpoints(
     training_args: PaperTrainingArguments, resume_checkpoint: str | None = None
 ) -> int | None:
@@ -728,56 +677,6 @@ def check_averaging_is_possible(
             f"--save_steps {training_args.save_steps} the run will have {planned} checkpoint(s). Save more often "
             "(lower --save_steps), train longer, or average fewer."
         )
-
-
-def load_or_train_tokenizer(
-    model_args: ModelArguments,
-    data: datasets.DatasetDict,
-    data_args: DataArguments,
-    resume_checkpoint: str | None,
-    training_args: PaperTrainingArguments,
-) -> PreTrainedTokenizerBase:
-    """The tokenizer: given by path, else the one saved with the model or checkpoint, else a new
-    shared BPE (§5.1) trained on both sides of the training split — by the main process only under
-    data parallelism, which sends its files to the other ranks (no shared file system needed)."""
-    source = model_args.tokenizer_name_or_path or resume_checkpoint or model_args.model_name_or_path
-    if source is not None:
-        logger.info("Loading the tokenizer from %s", source)
-        return load_tokenizer(source)
-    # Under data parallelism the main process trains it once and sends its files to every rank (no
-    # shared file system needed); every rank, the main one included, loads the same files. A failure
-    # on the main process is sent too, so that no rank waits for files that never come.
-    processes = training_args.world_size
-    message: list[dict[str, bytes] | str | None] = [None]
-    if training_args.process_index == 0:
-        logger.info(
-            "Training a shared BPE tokenizer (%d tokens) on the training split, once for %d process(es)",
-            model_args.tokenizer_vocab_size,
-            processes,
-        )
-        try:
-            tokenizer = train_tokenizer_from_dataset(
-                data, data_args.source_lang, data_args.target_lang, vocab_size=model_args.tokenizer_vocab_size
-            )
-            if processes == 1:
-                return tokenizer
-            with tempfile.TemporaryDirectory() as folder:
-                tokenizer.save_pretrained(folder)
-                message = [{path.name: path.read_bytes() for path in Path(folder).iterdir()}]
-        except Exception as error:
-            if processes > 1:
-                broadcast_object_list([f"{type(error).__name__}: {error}"], from_process=0)
-            raise
-    broadcast_object_list(message, from_process=0)
-    files = message[0]
-    if not isinstance(files, dict):
-        raise RuntimeError(f"The main process failed to train the tokenizer ({files}); see its log.")
-    with tempfile.TemporaryDirectory() as folder:
-        for name, content in files.items():
-            (Path(folder) / name).write_bytes(content)
-        tokenizer = load_tokenizer(folder)
-    logger.info("Loaded the tokenizer the main process trained (%d tokens)", len(tokenizer))
-    return tokenizer
 
 
 def _saved_model(model_args: ModelArguments, saved: str, resumed: bool) -> PreTrainedModel:
@@ -891,6 +790,28 @@ def _evaluate_splits(
     return results
 
 
+def _paper_trainer(
+    model: PreTrainedModel,
+    training_args: PaperTrainingArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    train_set: datasets.Dataset | None,
+    eval_set: datasets.Dataset | None,
+) -> PaperSeq2SeqTrainer:
+    """The trainer of ``run_training``: labels padded with -100 by the collator, BLEU/chrF from
+    generation when ``--predict_with_generate``."""
+    return PaperSeq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        compute_metrics=build_compute_metrics(tokenizer, training_args.bleu_tokenize)
+        if training_args.predict_with_generate
+        else None,
+    )
+
+
 def run_training(
     model_args: ModelArguments, data_args: DataArguments, training_args: PaperTrainingArguments
 ) -> dict[str, float]:
@@ -915,7 +836,13 @@ def run_training(
         raise ValueError(
             f"No training split in the data (splits: {list(data)}); give --train_files or --demo."
         )
-    tokenizer = load_or_train_tokenizer(model_args, data, data_args, resume, training_args)
+    tokenizer = load_or_train_tokenizer(  # given by path, else saved with the checkpoint or model, else new
+        (model_args.tokenizer_name_or_path, resume, model_args.model_name_or_path),
+        data,
+        data_args,
+        model_args.tokenizer_vocab_size,
+        training_args,
+    )
     model = build_model(model_args, tokenizer, resume)
     tokenized = tokenize_translations(
         data,
@@ -934,17 +861,7 @@ def run_training(
         )
     _describe(model, training_args, len(train_set) if train_set is not None else 0)
 
-    trainer = PaperSeq2SeqTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=train_set,
-        eval_dataset=eval_set,
-        processing_class=tokenizer,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
-        compute_metrics=build_compute_metrics(tokenizer, training_args.bleu_tokenize)
-        if training_args.predict_with_generate
-        else None,
-    )
+    trainer = _paper_trainer(model, training_args, tokenizer, train_set, eval_set)
     if training_args.do_train:
         trainer.add_callback(SaveOnSignalCallback())  # SIGTERM/Ctrl-C: save the current step, exit 143/130
     results: dict[str, float] = {}
@@ -971,15 +888,6 @@ def run_training(
             )
         trainer.accelerator.wait_for_everyone()
         averaged = AutoModelForSeq2SeqLM.from_pretrained(averaged_dir)
-        averaged_trainer = PaperSeq2SeqTrainer(
-            model=averaged,
-            args=training_args,
-            eval_dataset=eval_set,
-            processing_class=tokenizer,
-            data_collator=DataCollatorForSeq2Seq(tokenizer, model=averaged, label_pad_token_id=-100),
-            compute_metrics=build_compute_metrics(tokenizer, training_args.bleu_tokenize)
-            if training_args.predict_with_generate
-            else None,
-        )
+        averaged_trainer = _paper_trainer(averaged, training_args, tokenizer, None, eval_set)
         results.update(_evaluate_splits(averaged_trainer, eval_splits, prefix="averaged_"))
     return results

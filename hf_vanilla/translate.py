@@ -45,8 +45,9 @@ import torch
 from transformers import AutoModelForSeq2SeqLM
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
-from hf_vanilla.checkpointing import atomic_file, load_pretrained_checked, refuse_to_replace
+from hf_vanilla.durability import atomic_file, refuse_to_replace
 from hf_vanilla.quantization import check_route, from_pretrained_kwargs, quantize_loaded
+from hf_vanilla.safe_loading import load_pretrained_checked
 from hf_vanilla.tokenization import check_tokenizer_matches_config, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -346,7 +347,7 @@ class ModelArguments:
 
 def load_model(name: str | Path, **kwargs: Any) -> Any:
     """``AutoModelForSeq2SeqLM.from_pretrained(name, **kwargs)`` with errors that name the cause: a local
-    folder is checked first (:func:`hf_vanilla.checkpointing.verify_model_folder`: a truncated or damaged
+    folder is checked first (:func:`hf_vanilla.safe_loading.verify_model_folder`: a truncated or damaged
     weights file, a missing config); a name that is neither a folder nor a loadable Hub model says so."""
     path = Path(name)
     if path.is_dir():

@@ -40,7 +40,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from hf_vanilla import VanillaTransformerForConditionalGeneration
-from hf_vanilla.checkpointing import tie_state_dict
+from hf_vanilla.durability import tie_state_dict
 
 GLOBAL_BATCH = 8
 LEARNING_RATE = 1e-3

@@ -26,8 +26,8 @@ from conftest import tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from hf_vanilla.checkpointing import atomic_directory
 from hf_vanilla.demo import main as demo_main
+from hf_vanilla.durability import atomic_directory
 from hf_vanilla.training import ModelArguments, PaperSeq2SeqTrainer, PaperTrainingArguments, build_model
 from hf_vanilla.translate import translate, translate_stream
 

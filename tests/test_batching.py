@@ -221,7 +221,7 @@ def _tiny_setup(n_pairs: int = 120):
     from conftest import tiny_config
 
     from hf_vanilla import VanillaTransformerForConditionalGeneration
-    from hf_vanilla.data import make_demo_splits
+    from hf_vanilla.demo_numbers import make_demo_splits
     from hf_vanilla.tokenization import tokenize_translations, train_tokenizer_from_dataset
 
     data = make_demo_splits(n_pairs, 0, 0, max_number=999_999, seed=0)

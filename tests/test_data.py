@@ -11,15 +11,8 @@ import pytest
 from transformers import HfArgumentParser
 
 from hf_vanilla import data
-from hf_vanilla.data import (
-    DataArguments,
-    english_number,
-    german_number,
-    load_from_args,
-    load_local_files,
-    make_demo_splits,
-    make_number_pairs,
-)
+from hf_vanilla.data import DataArguments, load_from_args, load_local_files
+from hf_vanilla.demo_numbers import english_number, german_number, make_demo_splits, make_number_pairs
 
 SRC = ["A man rides a bike.", "Two  dogs play ", "Größe?"]
 TGT = ["Ein Mann fährt Fahrrad.", "Zwei  Hunde spielen", "Straße!"]

@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_vanilla import VanillaTransformerForConditionalGeneration
-from hf_vanilla.data import make_demo_splits
+from hf_vanilla.demo_numbers import make_demo_splits
 from hf_vanilla.launch_checks import LaunchError, check_fsdp_honoured, check_process_group
 from hf_vanilla.tokenization import train_tokenizer_from_dataset
 

@@ -1,4 +1,4 @@
-"""Faults (hf_vanilla/checkpointing.py): kill and resume, damaged and malicious checkpoint files, atomic saves.
+"""Faults (hf_vanilla/safe_loading.py, hf_vanilla/durability.py): kill and resume, damaged and malicious checkpoint files, atomic saves.
 
 In-process tests use the project's ``PaperSeq2SeqTrainer`` with :class:`ResilientTrainerMixin`; the slow
 tests launch ``scripts/train.py`` (through tests/train_driver.py) and kill it with SIGTERM, SIGINT (Ctrl-C) or SIGKILL.
@@ -33,24 +33,26 @@ from transformers import (
 )
 from transformers.trainer_utils import get_last_checkpoint
 
-from hf_vanilla.checkpointing import (
-    CHECKSUMS_NAME,
+from hf_vanilla.data import load_local_files
+from hf_vanilla.durability import (
     STAGING_DIR_NAME,
-    CorruptCheckpointError,
     ResilientTrainerMixin,
     SaveOnSignalCallback,
-    UnsafeCheckpointError,
     atomic_directory,
     find_complete_checkpoints,
     last_complete_checkpoint,
+    save_pretrained_atomic,
+)
+from hf_vanilla.safe_loading import (
+    CHECKSUMS_NAME,
+    CorruptCheckpointError,
+    UnsafeCheckpointError,
     load_pretrained_checked,
     pickle_globals,
-    save_pretrained_atomic,
     verify_checkpoint,
     verify_model_folder,
     verify_pickle_file,
 )
-from hf_vanilla.data import load_local_files
 from hf_vanilla.tokenization import tokenize_translations
 from hf_vanilla.training import PaperSeq2SeqTrainer, PaperTrainingArguments
 

@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 from test_distributed import Run, _check_matches_one_process, _train_args, tokenizer_dir  # noqa: F401
 from transformers import AutoModelForSeq2SeqLM
 
-from hf_vanilla.checkpointing import verify_checkpoint
+from hf_vanilla.safe_loading import verify_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "fsdp_worker.py"

@@ -21,9 +21,9 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSe
 
 import hf_vanilla
 from hf_vanilla.averaging import average_checkpoints
-from hf_vanilla.checkpointing import PICKLE_SUFFIXES
 from hf_vanilla.convert import convert
 from hf_vanilla.hub import MULTI30K, render_model_card, save_for_hub
+from hf_vanilla.safe_loading import PICKLE_SUFFIXES
 from hf_vanilla.training import PaperSeq2SeqTrainer, PaperTrainingArguments
 from hf_vanilla.translate import DecodingOptions
 

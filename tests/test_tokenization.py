@@ -9,7 +9,8 @@ import pytest
 from transformers import AutoTokenizer, HfArgumentParser
 
 from hf_vanilla import VanillaTransformerConfig
-from hf_vanilla.data import DataArguments, make_demo_splits
+from hf_vanilla.data import DataArguments
+from hf_vanilla.demo_numbers import make_demo_splits
 from hf_vanilla.tokenization import (
     TokenizerArguments,
     check_tokenizer_matches_config,

@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback
 
 import hf_vanilla.training as training
-from hf_vanilla.checkpointing import SaveOnSignalCallback
+from hf_vanilla.durability import SaveOnSignalCallback
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD_DIR = os.environ.get("HF_VANILLA_RECORD_DIR")

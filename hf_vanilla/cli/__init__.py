@@ -26,9 +26,9 @@ through :func:`run_cli`:
   it>``, and exit status 1, without a traceback. ``--debug`` (``hf-vanilla-train``: ``--log_level
   debug``) lets the exception propagate with its traceback. Anything else (a bug) propagates as it is.
 * Ctrl-C ends in ``interrupted`` and status 130 (training first saves a checkpoint; see
-  :class:`hf_vanilla.checkpointing.SaveOnSignalCallback`).
+  :class:`hf_vanilla.durability.SaveOnSignalCallback`).
 * Nothing that exists is replaced unless ``--overwrite`` is given
-  (:func:`hf_vanilla.checkpointing.refuse_to_replace`), and outputs are written under a temporary
+  (:func:`hf_vanilla.durability.refuse_to_replace`), and outputs are written under a temporary
   name and renamed into place when complete, so a refused or failed run leaves them as they were.
 """
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
-from hf_vanilla.checkpointing import refuse_to_replace
 from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
 from hf_vanilla.data import DataArguments, load_from_args
+from hf_vanilla.durability import refuse_to_replace
 from hf_vanilla.evaluation import (
     BLEU_TOKENIZERS,
     check_bleu_tokenize,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
-from hf_vanilla.checkpointing import refuse_to_replace
 from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
+from hf_vanilla.durability import refuse_to_replace
 from hf_vanilla.plotting import plot_cross_attention, plot_positional_encoding, plot_training_curves
 from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from hf_vanilla.checkpointing import refuse_to_replace
 from hf_vanilla.cli import DEBUG_EPILOG, run_cli
+from hf_vanilla.durability import refuse_to_replace
 from hf_vanilla.hub import PublishArguments, publish
 from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
 

@@ -15,9 +15,9 @@ import sys
 
 from transformers import HfArgumentParser
 
-from hf_vanilla.checkpointing import refuse_to_replace, save_pretrained_atomic
 from hf_vanilla.cli import DEBUG_EPILOG, run_cli
 from hf_vanilla.data import DataArguments, load_from_args
+from hf_vanilla.durability import refuse_to_replace, save_pretrained_atomic
 from hf_vanilla.tokenization import TokenizerArguments, train_tokenizer_from_dataset
 
 logger = logging.getLogger("train_tokenizer")

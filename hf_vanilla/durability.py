@@ -1,0 +1,540 @@
+"""Training-run durability: outputs that are whole or absent, and runs that survive being stopped.
+
+The paper trained its big models for 3.5 days (§5.2) and averaged the last 20 checkpoints (§6.1); a
+run that long is preempted, killed or crashes, and must resume without changing its result. What this
+module guarantees (:mod:`hf_vanilla.training` plugs it into the ``Trainer``; loading checks are
+:mod:`hf_vanilla.safe_loading`'s):
+
+* **Write, then rename** (:func:`atomic_directory`, :func:`save_pretrained_atomic`, :func:`atomic_file`,
+  :class:`ResilientTrainerMixin`): a folder or file is written under a temporary name next to its final
+  place and renamed into place only when complete, so a crash never leaves a half-written output where
+  a good one was. The Trainer mixin does this for every ``checkpoint-<step>`` and for the final model.
+* **Nothing replaced unasked** (:func:`refuse_to_replace`): a command stops before it would replace an
+  output the user did not ask it to (``--overwrite``).
+* **Resuming from the newest whole checkpoint** (:func:`resolve_resume_checkpoint`,
+  :func:`last_complete_checkpoint`): a folder left half-written by a kill during saving is skipped with
+  a warning, where ``transformers.trainer_utils.get_last_checkpoint`` would pick it and fail; the
+  checkpoint resumed from is checked first.
+* **Preemption and Ctrl-C** (:class:`SaveOnSignalCallback`): on SIGTERM (what SLURM, Kubernetes and
+  ``torchrun`` send before killing a job) or SIGINT (Ctrl-C) the run finishes its current optimizer
+  step, saves a checkpoint and exits; ``--resume_from_checkpoint last`` continues it. All processes
+  agree on the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, TextIO
+
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+from hf_vanilla.safe_loading import (
+    TRAINER_STATE_NAME,
+    CheckpointError,
+    CorruptCheckpointError,
+    checkpoint_step,
+    damaged_file_hint,
+    verify_checkpoint,
+    verify_safetensors_file,
+    write_checksums,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "STAGING_DIR_NAME",
+    "ResilientTrainerMixin",
+    "SaveOnSignalCallback",
+    "atomic_directory",
+    "atomic_file",
+    "find_complete_checkpoints",
+    "last_complete_checkpoint",
+    "load_full_state_dict_into_sharded",
+    "publish_directory",
+    "refuse_to_replace",
+    "resolve_resume_checkpoint",
+    "save_pretrained_atomic",
+    "tie_state_dict",
+]
+
+#: Folder inside the run directory where checkpoints are written before they are renamed into place.
+STAGING_DIR_NAME = ".incomplete-checkpoints"
+
+
+# --------------------------------------------------------------------------------------------------
+# resuming
+# --------------------------------------------------------------------------------------------------
+def _complete_checkpoints(run_dir: str | Path, newest_first: bool, **verify_kwargs: Any) -> Iterator[Path]:
+    """The ``checkpoint-<step>`` folders of ``run_dir`` that pass :func:`verify_checkpoint`, checked one
+    at a time in step order as they are drawn; damaged ones are skipped with a warning saying why."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    candidates = sorted(
+        (p for p in run_dir.iterdir() if p.is_dir() and checkpoint_step(p) is not None),
+        key=checkpoint_step,
+        reverse=newest_first,
+    )
+    for path in candidates:
+        try:
+            verify_checkpoint(path, **verify_kwargs)
+        except CheckpointError as err:
+            logger.warning("Skipping checkpoint %s: %s", path, err)
+        else:
+            yield path
+
+
+def find_complete_checkpoints(run_dir: str | Path, **verify_kwargs: Any) -> list[Path]:
+    """The ``checkpoint-<step>`` folders of ``run_dir`` that pass :func:`verify_checkpoint`, oldest
+    first; damaged ones are skipped with a warning saying why."""
+    return list(_complete_checkpoints(run_dir, newest_first=False, **verify_kwargs))
+
+
+def last_complete_checkpoint(run_dir: str | Path, **verify_kwargs: Any) -> Path | None:
+    """The newest whole checkpoint of ``run_dir`` (``None`` if there is none), checking newest first.
+
+    Use it instead of ``get_last_checkpoint``, which returns the newest folder even when a kill
+    during saving left it half-written.
+    """
+    return next(_complete_checkpoints(run_dir, newest_first=True, **verify_kwargs), None)
+
+
+def resolve_resume_checkpoint(
+    resume_from_checkpoint: str | None, output_dir: str | Path, overwrite: bool = False
+) -> str | None:
+    """The checkpoint to resume from, checked before any work is done.
+
+    ``None`` starts afresh, but only into an ``output_dir`` that is absent or empty, or, with
+    ``overwrite``, holds no checkpoints (a new run would mix its checkpoints with the old run's, and
+    resuming or averaging would pick from both); ``"last"`` (or ``"true"``) picks the newest whole
+    ``checkpoint-<step>`` in ``output_dir``; anything else must be a checkpoint folder written by the
+    Trainer.
+    """
+    output_dir = Path(output_dir)
+    if resume_from_checkpoint is None or str(resume_from_checkpoint).lower() in ("false", ""):
+        if output_dir.is_dir() and any(checkpoint_step(p) is not None for p in output_dir.iterdir()):
+            raise FileExistsError(
+                f"{str(output_dir)!r} already holds checkpoints. Continue that run with "
+                "--resume_from_checkpoint last, or choose a new --output_dir (nothing was overwritten; "
+                "--overwrite does not apply to another run's checkpoints: delete them yourself to start afresh)."
+            )
+        if not overwrite:
+            refuse_to_replace(output_dir, overwrite, "--output_dir")
+        return None
+    if str(resume_from_checkpoint).lower() in ("last", "true"):
+        last = last_complete_checkpoint(output_dir) if output_dir.is_dir() else None  # whole ones only
+        if last is None:
+            raise FileNotFoundError(
+                f"--resume_from_checkpoint {resume_from_checkpoint}: no checkpoint-<step> folder in "
+                f"{str(output_dir)!r}. Check --output_dir, or drop --resume_from_checkpoint to start afresh."
+            )
+        return str(last)
+    path = Path(resume_from_checkpoint)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"--resume_from_checkpoint {str(path)!r} does not exist. Give a checkpoint-<step> folder of an "
+            "earlier run, or 'last' for the newest one in --output_dir."
+        )
+    if not (path / "trainer_state.json").is_file():
+        raise FileNotFoundError(
+            f"--resume_from_checkpoint {str(path)!r} is not a Trainer checkpoint (no trainer_state.json). To "
+            "start from saved weights without the optimizer state, use --model_name_or_path instead."
+        )
+    verify_checkpoint(path)  # whole, and plain tensor data only: an error naming the file otherwise
+    return str(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# write, then rename
+# --------------------------------------------------------------------------------------------------
+def publish_directory(staged: str | Path, final: str | Path) -> Path:
+    """Move the complete folder ``staged`` to ``final`` (same file system), replacing an old ``final``.
+
+    ``final`` is at every moment either the old complete folder, absent (between two renames), or
+    the new complete folder — never a mixture. Returns ``final``.
+    """
+    staged, final = Path(staged), Path(final)
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(final, old)
+    os.replace(staged, final)
+    if old is not None:
+        shutil.rmtree(old)
+    _fsync_dir(final.parent)
+    return final
+
+
+def refuse_to_replace(path: str | Path, overwrite: bool, what: str = "The output") -> None:
+    """Raise ``FileExistsError`` if ``path`` exists (an empty folder does not count) and not ``overwrite``.
+
+    Commands call it before doing any work, so a refused run changes nothing and costs nothing.
+    """
+    path = Path(path)
+    if overwrite or not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        return
+    kind = "folder" if path.is_dir() else "file"
+    raise FileExistsError(
+        f"{what} {str(path)!r} already exists (a {kind}); nothing was changed. Choose another path, or pass "
+        "--overwrite to replace it."
+    )
+
+
+@contextlib.contextmanager
+def atomic_file(final: str | Path, binary: bool = False) -> Iterator[TextIO | BinaryIO]:
+    """A file (UTF-8 text, or bytes with ``binary``) written under a temporary name beside ``final``
+    and renamed to ``final`` only if the block succeeds: ``final`` is the old file (or absent) until
+    the new one is complete."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staged = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with staged.open("wb") if binary else staged.open("w", encoding="utf-8") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staged, final)
+    finally:
+        staged.unlink(missing_ok=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    if hasattr(os, "O_DIRECTORY"):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_directory(final: str | Path, *, checksums: bool = False) -> Iterator[Path]:
+    """Write a folder under a temporary name and rename it to ``final`` only if the block succeeds.
+
+    ``with atomic_directory(out) as tmp: model.save_pretrained(tmp)`` leaves ``out`` untouched (old
+    contents, or absent) if saving fails or the process dies; on success ``out`` holds exactly what
+    was written to ``tmp`` (plus ``checksums.sha256`` with ``checksums=True``).
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staged = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+    staged.mkdir()
+    try:
+        yield staged
+        if checksums:
+            write_checksums(staged)
+        publish_directory(staged, final)
+    finally:
+        if staged.exists():
+            shutil.rmtree(staged)
+
+
+def save_pretrained_atomic(folder: str | Path, *objects: Any, checksums: bool = False, **kwargs: Any) -> Path:
+    """``obj.save_pretrained(folder, **kwargs)`` for each object (model, tokenizer, generation config)
+    into a temporary folder renamed to ``folder`` when all are written (:func:`atomic_directory`)."""
+    if not objects:
+        raise ValueError(
+            "Nothing to save: pass a model (and optionally a tokenizer) to save_pretrained_atomic."
+        )
+    with atomic_directory(folder, checksums=checksums) as staged:
+        for obj in objects:
+            obj.save_pretrained(staged, **kwargs)
+    return Path(folder)
+
+
+# --------------------------------------------------------------------------------------------------
+# tied weights in gathered state dicts (FSDP, DeepSpeed ZeRO-3)
+# --------------------------------------------------------------------------------------------------
+def tie_state_dict(model: torch.nn.Module, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``state_dict`` with each tied weight (``model.all_tied_weights_keys``, e.g. §3.4's
+    ``lm_head.weight`` → ``model.shared.weight``) made the *same* tensor as its source again.
+
+    A state dict gathered from shards (FSDP's full state dict, DeepSpeed ZeRO-3's consolidated one)
+    holds a separate copy for every name of a shared parameter, so ``save_pretrained`` — which finds
+    tied weights by storage — would write the shared matrix four times. Re-tied, it writes it once,
+    as an unsharded save does. A pair whose values differ is left alone (the model is not tied).
+    """
+    tied = dict(state_dict)
+    for target, source in getattr(model, "all_tied_weights_keys", {}).items():
+        if target in tied and source in tied and torch.equal(tied[target], tied[source]):
+            tied[target] = tied[source]
+    return tied
+
+
+def load_full_state_dict_into_sharded(model: torch.nn.Module, path: str | Path) -> None:
+    """Load a consolidated ``model.safetensors`` into an FSDP2-sharded ``model`` (every process
+    calls it): the main process reads the file, and each tensor is scattered from it
+    (``distribute_tensor(..., src_data_rank=0)``) into the parameter's own placement; unsharded
+    tensors are broadcast.
+
+    A shared parameter (§3.4's embedding / pre-softmax matrix) is loaded once, under the name the
+    model's state dict lists first. torch 2.13's ``set_model_state_dict(full_state_dict=True,
+    broadcast_from_rank0=True)`` fails on the other names (a ``KeyError``, or a copy that mixes
+    ``Tensor`` and ``DTensor``), which is why the Trainer's own FSDP resume breaks for this model.
+    """
+    from safetensors.torch import load_file
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    main = torch.distributed.get_rank() == 0
+    if main:
+        verify_safetensors_file(path)
+    saved = load_file(str(path)) if main else {}
+    aliases = {target: source for target, source in getattr(model, "all_tied_weights_keys", {}).items()}
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            if name in aliases:
+                continue  # the same parameter as its source, loaded under the source's name
+            local = value.to_local() if isinstance(value, DTensor) else value
+            if main:
+                if name not in saved:
+                    raise CorruptCheckpointError(
+                        f"{str(path)!r} has no tensor {name!r}.{damaged_file_hint(Path(path))}"
+                    )
+                full = saved[name].to(device=local.device, dtype=value.dtype)
+            else:
+                full = torch.empty(value.shape, dtype=value.dtype, device=local.device)
+            if isinstance(value, DTensor):
+                value.copy_(distribute_tensor(full, value.device_mesh, value.placements, src_data_rank=0))
+            else:
+                torch.distributed.broadcast(full, src=0)
+                value.copy_(full)
+
+
+# --------------------------------------------------------------------------------------------------
+# Trainer integration
+# --------------------------------------------------------------------------------------------------
+class ResilientTrainerMixin:
+    """A ``Trainer`` mixin (put it first among the bases): checkpoints written, then renamed; checks
+    before resuming; ``resume_from_checkpoint=True`` means the newest *whole* checkpoint.
+
+    * ``checkpoint-<step>`` is written by all processes into ``<output_dir>/.incomplete-checkpoints/``;
+      after a barrier the saving process adds ``checksums.sha256`` (``checkpoint_checksums``), renames
+      the folder into ``output_dir`` (replacing a stale one of the same step left by an earlier,
+      killed run) and only then deletes old checkpoints (``save_total_limit``).
+    * ``save_model()`` into a folder (the final model) writes to a temporary folder and moves each
+      file into place with an atomic ``os.replace``.
+    * ``train(resume_from_checkpoint=...)`` runs :func:`verify_checkpoint` first, so a damaged or
+      unsafe checkpoint fails at once with the file's name; ``True`` picks
+      :func:`last_complete_checkpoint`. DeepSpeed's own files (``global_step*/``) are trusted, with
+      a warning: DeepSpeed loads them with full unpickling.
+
+    With ``push_to_hub`` the Trainer uploads from the checkpoint folder in the background, so
+    checkpoints are then written in place, as the plain Trainer does.
+    """
+
+    checkpoint_checksums: bool = True
+    _staging_run_dir: str | None = None
+
+    def _trusted_patterns(self) -> tuple[str, ...]:
+        if getattr(self, "is_deepspeed_enabled", False):
+            logger.warning(
+                "DeepSpeed checkpoint files (global_step*/) are loaded by DeepSpeed with full unpickling and "
+                "are not checked; resume only from DeepSpeed checkpoints you wrote yourself."
+            )
+            return ("global_step*/*",)
+        return ()
+
+    def _get_output_dir(self, trial: Any) -> str:
+        if self._staging_run_dir is not None:
+            return self._staging_run_dir
+        return super()._get_output_dir(trial)  # type: ignore[misc]
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        args = self.args  # type: ignore[attr-defined]
+        if args.push_to_hub:
+            super()._save_checkpoint(model, trial)  # type: ignore[misc]
+            return
+        state = self.state  # type: ignore[attr-defined]
+        accelerator = self.accelerator  # type: ignore[attr-defined]
+        run_dir = Path(super()._get_output_dir(trial))  # type: ignore[misc]
+        name = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        staging_root = run_dir / STAGING_DIR_NAME
+        staged, final = staging_root / name, run_dir / name
+        if args.should_save:
+            if staged.exists():
+                shutil.rmtree(staged)  # left by a run killed while saving this step
+            staging_root.mkdir(parents=True, exist_ok=True)
+        accelerator.wait_for_everyone()
+        self._staging_run_dir = str(staging_root)
+        try:
+            super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        finally:
+            self._staging_run_dir = None
+        accelerator.wait_for_everyone()
+        if args.should_save:
+            best = state.best_model_checkpoint
+            if best is not None and Path(best).parent == staging_root:
+                state.best_model_checkpoint = str(run_dir / Path(best).name)
+                state.save_to_json(str(staged / TRAINER_STATE_NAME))
+            if self.checkpoint_checksums:
+                write_checksums(staged)
+            publish_directory(staged, final)
+            with contextlib.suppress(OSError):  # not empty: another save is staged; left for later
+                staging_root.rmdir()
+            rotate_checkpoints(
+                output_dir=str(run_dir),
+                save_total_limit=args.save_total_limit,
+                best_model_checkpoint=state.best_model_checkpoint,
+                use_mtime=True,
+            )
+        accelerator.wait_for_everyone()
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        args = self.args  # type: ignore[attr-defined]
+        if _internal_call or args.push_to_hub:  # a checkpoint (staged whole), or uploaded from output_dir
+            super().save_model(output_dir, _internal_call=_internal_call)  # type: ignore[misc]
+            return
+        target = Path(output_dir if output_dir is not None else args.output_dir)
+        staged = target / f".save-{self.state.global_step}.tmp"  # type: ignore[attr-defined]
+        if args.should_save and staged.exists():
+            shutil.rmtree(staged)
+        self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
+        super().save_model(str(staged), _internal_call=False)  # type: ignore[misc]
+        self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
+        if args.should_save:
+            for path in sorted(staged.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+                if path.is_file():
+                    destination = target / path.relative_to(staged)
+                    destination.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(path, destination)  # each file replaced whole, never half-written
+            shutil.rmtree(staged)
+        self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
+
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
+        if state_dict is not None:  # gathered from shards: one copy per name of the shared matrix
+            model = self.accelerator.unwrap_model(self.model)  # type: ignore[attr-defined]
+            state_dict = tie_state_dict(model, state_dict)
+        super()._save(output_dir, state_dict=state_dict)  # type: ignore[misc]
+
+    def _fsdp2_full_state_dict(self) -> bool:
+        accelerator = self.accelerator  # type: ignore[attr-defined]
+        return (
+            getattr(self, "is_fsdp_enabled", False)
+            and accelerator.is_fsdp2
+            and "FULL_STATE_DICT" in str(accelerator.state.fsdp_plugin.state_dict_type)
+        )
+
+    def _load_from_checkpoint(
+        self, resume_from_checkpoint: str, model: torch.nn.Module | None = None
+    ) -> None:
+        """Under FSDP2 with ``FULL_STATE_DICT``, the weights are read from the checkpoint's
+        ``model.safetensors`` (:func:`load_full_state_dict_into_sharded`) instead of the pickled
+        ``pytorch_model_fsdp.bin``; the optimizer state is loaded by the Trainer as usual."""
+        if not self._fsdp2_full_state_dict():
+            super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
+            return
+        logger.info("Loading the sharded model from %s/model.safetensors", resume_from_checkpoint)
+        target = model if model is not None else self.model  # type: ignore[attr-defined]
+        load_full_state_dict_into_sharded(target, Path(resume_from_checkpoint) / "model.safetensors")
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        output_dir = self.args.output_dir  # type: ignore[attr-defined]
+        if resume_from_checkpoint is True:
+            found = last_complete_checkpoint(output_dir, trusted_patterns=self._trusted_patterns())
+            if found is None:
+                raise FileNotFoundError(
+                    f"resume_from_checkpoint=True, but {str(output_dir)!r} has no whole checkpoint-<step> folder. "
+                    "Start afresh, or give a checkpoint folder."
+                )
+            resume_from_checkpoint = str(found)
+        elif isinstance(resume_from_checkpoint, str | os.PathLike):
+            verify_checkpoint(resume_from_checkpoint, trusted_patterns=self._trusted_patterns())
+        return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
+
+
+def _agree_across_processes(flag: bool) -> bool:
+    """``True`` if ``flag`` is set on any process (one all-reduce; plain ``flag`` without distribution)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flag
+    from accelerate import PartialState
+
+    value = torch.tensor([1 if flag else 0], device=PartialState().device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return bool(value.item())
+
+
+class SaveOnSignalCallback(TrainerCallback):
+    """On SIGTERM or SIGINT (Ctrl-C), finish the current optimizer step, save a checkpoint, and exit
+    (preemption, §5.2's days-long runs on shared clusters; an interrupted run loses no steps).
+
+    At every step end all processes agree (one all-reduce of a flag) whether any of them has received
+    the signal, so they save the same step together. After the checkpoint is written the process exits
+    with status ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), which schedulers and shells read as
+    "terminated by signal"; ``--resume_from_checkpoint last`` then continues the run. A second signal
+    acts at once: the previous handlers are restored after the first (SIGTERM's default kills the
+    process, Python's SIGINT handler raises ``KeyboardInterrupt``). A signal that arrives during
+    evaluation or saving takes effect at the next step end. ``torchrun`` forwards SIGTERM to every
+    worker and waits up to 30 s before SIGKILL, which bounds the time left to finish the step and save.
+    """
+
+    def __init__(
+        self,
+        signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT),
+        exit_fn: Callable[[int], None] | None = None,
+    ) -> None:
+        self.signals = tuple(signals)
+        self.received: int | None = None
+        self.stopped_at: int | None = None
+        self._exit = exit_fn
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signum
+        logger.warning(
+            "Received %s: finishing this step, saving a checkpoint and stopping (send it again to stop at once).",
+            signal.Signals(signum).name,
+        )
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)  # a second signal acts at once
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("SaveOnSignalCallback: not in the main thread, so no signal handler is installed.")
+            return
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if _agree_across_processes(self.received is not None):
+            self.stopped_at = state.global_step
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.stopped_at is None or self.stopped_at != state.global_step:
+            return
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()  # nobody exits (and makes torchrun kill the rest) before all saved
+        signum = self.received if self.received is not None else signal.SIGTERM
+        logger.warning(
+            "Saved checkpoint-%d after %s; exiting. Continue with --resume_from_checkpoint last.",
+            state.global_step,
+            signal.Signals(signum).name,
+        )
+        if self._exit is not None:
+            self._exit(128 + signum)
+            return
+        raise SystemExit(128 + signum)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
