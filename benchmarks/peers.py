@@ -34,15 +34,8 @@ from typing import Any
 
 import ctranslate2
 import torch
-from bench import (
-    EOS,
-    build_configs,
-    build_ours,
-    decode_step_weight_bytes,
-    generation_config,
-    interleave,
-    machine_description,
-)
+from bench_timing import interleave, machine_description
+from bench_workloads import EOS, build_configs, build_ours, decode_step_weight_bytes, generation_config
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoModelForSeq2SeqLM, HfArgumentParser, PreTrainedTokenizerFast
 
