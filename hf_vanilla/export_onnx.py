@@ -36,7 +36,7 @@ from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from hf_vanilla.checkpointing import atomic_directory, refuse_to_replace
+from hf_vanilla.durability import atomic_directory, refuse_to_replace
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """transformers' own signal checkpointing (``TrainingArguments.enable_jit_checkpoint``) next to
-:class:`hf_vanilla.checkpointing.SaveOnSignalCallback`: the differences the README names, pinned here so
+:class:`hf_vanilla.durability.SaveOnSignalCallback`: the differences the README names, pinned here so
 that the README is revisited when transformers closes them."""
 
 from __future__ import annotations
