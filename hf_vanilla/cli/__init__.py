@@ -34,15 +34,18 @@ through :func:`run_cli`:
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from huggingface_hub.errors import HfHubHTTPError
+from transformers import HfArgumentParser
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEBUG_EPILOG", "OVERWRITE_HELP", "USER_ERRORS", "run_cli"]
+__all__ = ["DEBUG_EPILOG", "OVERWRITE_HELP", "USER_ERRORS", "parse_arguments", "run_cli"]
 
 #: Help text of every command's ``--overwrite`` flag.
 OVERWRITE_HELP = (
@@ -55,6 +58,24 @@ DEBUG_EPILOG = "An error ends in one line; --debug shows its traceback."
 #: ``ValueError`` covers ``UnicodeDecodeError``, ``json.JSONDecodeError`` and the checkpoint checks;
 #: ``OSError`` missing, existing or unreadable files and Hub download failures.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError, HfHubHTTPError)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """``--help`` of every command: the module docstring as written, and each option's default."""
+
+
+def parse_arguments(
+    argv: Sequence[str], types: Any, description: str | None, **parser_kwargs: Any
+) -> tuple[HfArgumentParser, tuple[Any, ...]]:
+    """Parse ``argv`` into the dataclasses ``types`` (one or a tuple) with :class:`HfArgumentParser`
+    and the commands' ``--debug`` epilog, then log INFO and above to stderr. Returns the parser (for
+    ``parser.error``) and the parsed dataclasses."""
+    parser = HfArgumentParser(
+        types, description=description, epilog=DEBUG_EPILOG, formatter_class=HelpFormatter, **parser_kwargs
+    )
+    parsed = parser.parse_args_into_dataclasses(args=list(argv))
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    return parser, tuple(parsed)
 
 
 def _wants_traceback(argv: Sequence[str]) -> bool:

@@ -7,14 +7,11 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from dataclasses import dataclass, field
 
-from transformers import HfArgumentParser
-
 from hf_vanilla.averaging import average_checkpoints, average_last_checkpoints
-from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
+from hf_vanilla.cli import OVERWRITE_HELP, parse_arguments, run_cli
 
 
 @dataclass
@@ -38,9 +35,7 @@ class AveragingArguments:
 
 
 def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser(AveragingArguments, description=__doc__, epilog=DEBUG_EPILOG)
-    (args,) = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    parser, (args,) = parse_arguments(argv, AveragingArguments, __doc__)
     if (args.run_dir is None) == (args.checkpoints is None):
         parser.error("Give either --run_dir (with --last_n) or --checkpoints, not both and not neither.")
     if args.checkpoints is not None:

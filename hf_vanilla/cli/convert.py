@@ -14,18 +14,14 @@ from __future__ import annotations
 import logging
 import sys
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.cli import DEBUG_EPILOG, run_cli
+from hf_vanilla.cli import parse_arguments, run_cli
 from hf_vanilla.convert import ConversionArguments, convert_from_args
 
 logger = logging.getLogger("convert")
 
 
 def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser(ConversionArguments, description=__doc__, epilog=DEBUG_EPILOG)
-    (args,) = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    _, (args,) = parse_arguments(argv, ConversionArguments, __doc__)
     convert_from_args(args)
     logger.info("Converted %s into %s", args.source, args.output_dir)
 

@@ -17,16 +17,12 @@ rules with --early_stopping never|true|false. Existing result files are kept unl
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
+from hf_vanilla.cli import OVERWRITE_HELP, parse_arguments, run_cli
 from hf_vanilla.data import DataArguments, load_from_args
 from hf_vanilla.durability import refuse_to_replace
 from hf_vanilla.evaluation import (
@@ -69,19 +65,10 @@ class EvalArguments:
     overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
-
-
 def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser(
-        (ModelArguments, DataArguments, DecodingOptions, EvalArguments),
-        description=__doc__,
-        epilog=DEBUG_EPILOG,
-        formatter_class=_Formatter,
+    _, (model_args, data_args, decoding, eval_args) = parse_arguments(
+        argv, (ModelArguments, DataArguments, DecodingOptions, EvalArguments), __doc__
     )
-    model_args, data_args, decoding, eval_args = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     check_bleu_tokenize(eval_args.bleu_tokenize)
     test_set = eval_args.sacrebleu_test_set
     if test_set and eval_args.language_pair:

@@ -12,18 +12,14 @@ from __future__ import annotations
 import logging
 import sys
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.cli import DEBUG_EPILOG, run_cli
+from hf_vanilla.cli import parse_arguments, run_cli
 from hf_vanilla.export_ctranslate2 import ExportArguments, export_from_args
 
 logger = logging.getLogger("export_ctranslate2")
 
 
 def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser(ExportArguments, description=__doc__, epilog=DEBUG_EPILOG)
-    (args,) = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    _, (args,) = parse_arguments(argv, ExportArguments, __doc__)
     export_from_args(args)
     logger.info("Exported %s to %s", args.model_dir, args.output_dir)
 

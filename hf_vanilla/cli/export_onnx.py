@@ -14,10 +14,8 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.checkpointing import refuse_to_replace
-from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
+from hf_vanilla.cli import OVERWRITE_HELP, parse_arguments, run_cli
+from hf_vanilla.durability import refuse_to_replace
 from hf_vanilla.export_onnx import export_onnx
 from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
 
@@ -32,9 +30,7 @@ class OnnxExportArguments:
 
 
 def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser(OnnxExportArguments, description=__doc__, epilog=DEBUG_EPILOG)
-    (args,) = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    _, (args,) = parse_arguments(argv, OnnxExportArguments, __doc__)
     refuse_to_replace(args.output_dir, args.overwrite)
     model, tokenizer = load_model_and_tokenizer(
         ModelArguments(model_name_or_path=args.model_dir, device="cpu")

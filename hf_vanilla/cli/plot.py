@@ -10,15 +10,11 @@ hf-vanilla-plot --positional_encoding --d_model 512 --output_dir plots
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
+from hf_vanilla.cli import OVERWRITE_HELP, parse_arguments, run_cli
 from hf_vanilla.durability import refuse_to_replace
 from hf_vanilla.plotting import plot_cross_attention, plot_positional_encoding, plot_training_curves
 from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
@@ -58,19 +54,8 @@ class OptionalModelArguments(ModelArguments):
     )
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
-
-
 def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser(
-        (PlotArguments, OptionalModelArguments),
-        description=__doc__,
-        epilog=DEBUG_EPILOG,
-        formatter_class=_Formatter,
-    )
-    args, model_args = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    parser, (args, model_args) = parse_arguments(argv, (PlotArguments, OptionalModelArguments), __doc__)
     if not (args.training_run or args.sentence or args.positional_encoding):
         parser.error(
             "Nothing to draw: pass --training_run, --sentence (with --model_name_or_path) or --positional_encoding."

@@ -14,14 +14,10 @@ An existing --output_dir is kept unless --overwrite is given; then it is replace
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
 from dataclasses import dataclass, field
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.cli import DEBUG_EPILOG, run_cli
+from hf_vanilla.cli import parse_arguments, run_cli
 from hf_vanilla.durability import refuse_to_replace
 from hf_vanilla.hub import PublishArguments, publish
 from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
@@ -35,19 +31,8 @@ class OptionalModelArguments(ModelArguments):
     device: str = field(default="cpu", metadata={"help": "Where to load the model while saving it."})
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
-
-
 def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser(
-        (OptionalModelArguments, PublishArguments),
-        description=__doc__,
-        epilog=DEBUG_EPILOG,
-        formatter_class=_Formatter,
-    )
-    model_args, args = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    parser, (model_args, args) = parse_arguments(argv, (OptionalModelArguments, PublishArguments), __doc__)
     model = tokenizer = None
     if not args.push_only:
         if not model_args.model_name_or_path:

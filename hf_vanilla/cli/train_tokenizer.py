@@ -13,9 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.cli import DEBUG_EPILOG, run_cli
+from hf_vanilla.cli import parse_arguments, run_cli
 from hf_vanilla.data import DataArguments, load_from_args
 from hf_vanilla.durability import refuse_to_replace, save_pretrained_atomic
 from hf_vanilla.tokenization import TokenizerArguments, train_tokenizer_from_dataset
@@ -24,9 +22,7 @@ logger = logging.getLogger("train_tokenizer")
 
 
 def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser((DataArguments, TokenizerArguments), description=__doc__, epilog=DEBUG_EPILOG)
-    data_args, tok_args = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    _, (data_args, tok_args) = parse_arguments(argv, (DataArguments, TokenizerArguments), __doc__)
     refuse_to_replace(tok_args.output_dir, tok_args.overwrite, "--output_dir")  # before any work
     data = load_from_args(data_args)
     tokenizer = train_tokenizer_from_dataset(

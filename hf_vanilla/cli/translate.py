@@ -13,14 +13,11 @@ log P / |Y|^α, or the GNMT penalty's with --length_penalty_type gnmt; CTranslat
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from dataclasses import dataclass, field
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
+from hf_vanilla.cli import OVERWRITE_HELP, parse_arguments, run_cli
 from hf_vanilla.durability import refuse_to_replace
 from hf_vanilla.translate import DecodingOptions, ModelArguments, load_model_and_tokenizer, translate_stream
 
@@ -55,19 +52,10 @@ class IOArguments:
     )
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
-
-
 def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser(
-        (ModelArguments, DecodingOptions, IOArguments),
-        description=__doc__,
-        epilog=DEBUG_EPILOG,
-        formatter_class=_Formatter,
+    _, (model_args, decoding, io) = parse_arguments(
+        argv, (ModelArguments, DecodingOptions, IOArguments), __doc__
     )
-    model_args, decoding, io = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if io.output_file != "-":
         refuse_to_replace(io.output_file, io.overwrite, "--output_file")  # before loading anything
     if io.nbest is not None and not 1 <= io.nbest <= decoding.num_beams:
