@@ -26,6 +26,7 @@ from conftest import tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
+from hf_vanilla.cli import run_cli
 from hf_vanilla.demo import main as demo_main
 from hf_vanilla.durability import atomic_directory
 from hf_vanilla.training import ModelArguments, PaperSeq2SeqTrainer, PaperTrainingArguments, build_model
@@ -555,6 +556,33 @@ def test_a_user_error_in_a_process_is_one_line_and_debug_shows_the_traceback(
     debug = subprocess.run([*command, "--debug"], env=env, capture_output=True, text=True, timeout=300)
     assert debug.returncode == 1 and "Traceback" in debug.stderr
     assert not (tmp_path / "out.txt").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, traceback",
+    [
+        ([], False),  # python -m hf_vanilla.demo: the README's main command takes no argument
+        (["--quick"], False),
+        (["--debug"], True),
+        (["--log_level", "debug"], True),
+        (["--log_level=debug"], True),
+        (["--log_level", "info"], False),
+    ],
+)
+def test_run_cli_takes_any_argument_list(argv: list[str], traceback: bool) -> None:
+    """Every command goes through ``run_cli``; with no arguments at all it must run the command."""
+    seen: list[list[str]] = []
+
+    def fails(args: list[str]) -> None:
+        seen.append(args)
+        raise ValueError("bad input")
+
+    if traceback:
+        with pytest.raises(ValueError, match="bad input"):
+            run_cli(fails, argv, debug_flag=False)
+    else:
+        assert run_cli(fails, argv, debug_flag=False) == 1
+    assert seen == [argv]
 
 
 def test_train_push_to_hub_is_refused_in_one_line_before_any_work(

@@ -35,6 +35,7 @@ through :func:`run_cli`:
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -81,7 +82,7 @@ def parse_arguments(
 def _wants_traceback(argv: Sequence[str]) -> bool:
     if "--debug" in argv:
         return True
-    pairs = zip(argv, [*argv[1:], ""], strict=True)
+    pairs = itertools.pairwise(argv)
     return "--log_level=debug" in argv or any(a == "--log_level" and b == "debug" for a, b in pairs)
 
 
