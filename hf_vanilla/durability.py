@@ -449,7 +449,12 @@ class ResilientTrainerMixin:
             resume_from_checkpoint = str(found)
         elif isinstance(resume_from_checkpoint, str | os.PathLike):
             verify_checkpoint(resume_from_checkpoint, trusted_patterns=self._trusted_patterns())
-        return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
+        finally:  # also after an exception: no signal handler of a finished run stays installed
+            for callback in self.callback_handler.callbacks:  # type: ignore[attr-defined]
+                if isinstance(callback, SaveOnSignalCallback):
+                    callback.restore_handlers()
 
 
 def _agree_across_processes(flag: bool) -> bool:
@@ -535,6 +540,12 @@ class SaveOnSignalCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        self.restore_handlers()
+
+    def restore_handlers(self) -> None:
+        """Put back the handlers this callback replaced. ``on_train_end`` does it after a run that ends
+        normally; :class:`ResilientTrainerMixin` after any end of ``train()``, an exception included (a
+        stale handler would swallow the next Ctrl-C of a notebook or a later run in the process)."""
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()

@@ -221,6 +221,23 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path: Path, tokenizer:
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+class _FailAtStep(TrainerCallback):
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == 2:
+            raise RuntimeError("a failure in the middle of training")
+
+
+def test_a_run_that_fails_leaves_no_signal_handler_behind(tmp_path: Path, tokenizer: Any, data: Any) -> None:
+    """A failed run (no ``on_train_end``) must not leave its handler installed: it would swallow the
+    next Ctrl-C of the process (a notebook, or the next run, which then saves instead of stopping)."""
+    failing = _trainer(tmp_path / "fails", tokenizer, data, callbacks=(_FailAtStep(), SaveOnSignalCallback()))
+    with pytest.raises(RuntimeError, match="in the middle of training"):
+        failing.train()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path, tokenizer, data)
+
+
 def test_resume_true_skips_a_half_written_checkpoint(
     tmp_path: Path, tokenizer: Any, data: Any, run: Path
 ) -> None:
