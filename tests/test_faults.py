@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,18 @@ def run(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any, data: Any) -> 
 # --------------------------------------------------------------------------------------------------
 # Kill and resume
 # --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def python_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler for the test, whatever the process inherited: a process started in
+    the background (``cmd &``, some CI runners) begins with SIGINT ignored, and the callback rightly
+    restores what it found."""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+
+
 class _SignalAtStep(TrainerCallback):
     def __init__(self, step: int, signum: int = signal.SIGTERM) -> None:
         self.step, self.signum = step, signum
@@ -210,7 +223,9 @@ class _TwoSignalsAtStep(_SignalAtStep):
         super().on_step_end(args, state, control, **kwargs)
 
 
-def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path: Path, tokenizer: Any, data: Any) -> None:
+def test_a_second_ctrl_c_stops_at_once_without_saving(
+    tmp_path: Path, tokenizer: Any, data: Any, python_sigint: None
+) -> None:
     out = tmp_path / "twice"
     trainer = _trainer(
         out, tokenizer, data, callbacks=(_TwoSignalsAtStep(5, signal.SIGINT), SaveOnSignalCallback())
@@ -227,15 +242,17 @@ class _FailAtStep(TrainerCallback):
             raise RuntimeError("a failure in the middle of training")
 
 
-def test_a_run_that_fails_leaves_no_signal_handler_behind(tmp_path: Path, tokenizer: Any, data: Any) -> None:
+def test_a_run_that_fails_leaves_no_signal_handler_behind(
+    tmp_path: Path, tokenizer: Any, data: Any, python_sigint: None
+) -> None:
     """A failed run (no ``on_train_end``) must not leave its handler installed: it would swallow the
     next Ctrl-C of the process (a notebook, or the next run, which then saves instead of stopping)."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     failing = _trainer(tmp_path / "fails", tokenizer, data, callbacks=(_FailAtStep(), SaveOnSignalCallback()))
     with pytest.raises(RuntimeError, match="in the middle of training"):
         failing.train()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path, tokenizer, data)
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path, tokenizer, data, python_sigint)
 
 
 def test_resume_true_skips_a_half_written_checkpoint(
