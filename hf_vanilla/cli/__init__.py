@@ -66,13 +66,13 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 
 def parse_arguments(
-    argv: Sequence[str], types: Any, description: str | None, **parser_kwargs: Any
+    argv: Sequence[str], types: Any, description: str | None
 ) -> tuple[HfArgumentParser, tuple[Any, ...]]:
     """Parse ``argv`` into the dataclasses ``types`` (one or a tuple) with :class:`HfArgumentParser`
     and the commands' ``--debug`` epilog, then log INFO and above to stderr. Returns the parser (for
     ``parser.error``) and the parsed dataclasses."""
     parser = HfArgumentParser(
-        types, description=description, epilog=DEBUG_EPILOG, formatter_class=HelpFormatter, **parser_kwargs
+        types, description=description, epilog=DEBUG_EPILOG, formatter_class=HelpFormatter
     )
     parsed = parser.parse_args_into_dataclasses(args=list(argv))
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
