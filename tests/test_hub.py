@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import runpy
-import subprocess
 import sys
 from pathlib import Path
 
 import huggingface_hub
 import pytest
 import torch
+from conftest import run_clean
 from huggingface_hub import ModelCard
 from huggingface_hub.errors import OfflineModeIsEnabled
 
@@ -126,12 +125,6 @@ def test_folder_has_everything_and_leaves_the_model_alone(model, tokenizer, tmp_
 LOAD_WITHOUT_HF_VANILLA = r"""
 import json, sys
 
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "hf_vanilla" or name.startswith("hf_vanilla."):
-            raise ModuleNotFoundError(f"blocked: {name}")
-
-sys.meta_path.insert(0, Block())
 try:
     import hf_vanilla  # noqa: F401
     raise SystemExit("hf_vanilla should not be importable here")
@@ -152,17 +145,7 @@ print(json.dumps({"module": type(model).__module__, "ids": generated.tolist()}))
 def test_published_folder_loads_and_generates_without_hf_vanilla(model, tokenizer, tmp_path: Path) -> None:
     folder = save_for_hub(model, tokenizer, tmp_path / "hub", card_for(model))
     sentences = ["w1 w2 w3", "w4"]
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), OMP_NUM_THREADS="1")
-    result = subprocess.run(
-        [sys.executable, "-c", LOAD_WITHOUT_HF_VANILLA, str(folder), json.dumps(sentences)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_clean(LOAD_WITHOUT_HF_VANILLA, tmp_path, str(folder), json.dumps(sentences))
     remote = json.loads(result.stdout.strip().splitlines()[-1])
     assert remote["module"].startswith("transformers_modules.")
     with torch.no_grad():

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import TINY, tiny_config, tiny_model
+from conftest import TINY, run_clean, tiny_config, tiny_model
 from torch import nn
 from transformers import (
     AutoModel,
@@ -623,12 +620,7 @@ def test_config_is_validated_for_the_model() -> None:
 
 
 BLOCK_AND_LOAD = """
-import importlib.abc, sys
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "hf_vanilla" or name.startswith("hf_vanilla."):
-            raise ModuleNotFoundError(f"blocked: {name}")
-sys.meta_path.insert(0, Block())
+import sys
 try:
     import hf_vanilla  # noqa: F401
     raise SystemExit("hf_vanilla should not be importable here")
@@ -664,17 +656,7 @@ def test_remote_code_loads_where_hf_vanilla_is_not_installed(model, batch, tmp_p
     assert (tmp_path / "modeling_vanilla_transformer.py").exists()
     assert (tmp_path / "configuration_vanilla_transformer.py").exists()
     torch.save(batch, tmp_path / "batch.pt")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["HF_MODULES_CACHE"] = str(tmp_path / "modules")
-    result = subprocess.run(
-        [sys.executable, "-c", BLOCK_AND_LOAD, str(tmp_path)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_clean(BLOCK_AND_LOAD, tmp_path, str(tmp_path))  # hf_vanilla blocked
     remote = torch.load(tmp_path / "remote.pt", weights_only=True)
     torch.testing.assert_close(remote["logits"], model(**batch).logits, atol=1e-6, rtol=0)
     local = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=5)
