@@ -57,6 +57,18 @@ def measure_bandwidth(megabytes: int = 512, repeats: int = 6) -> dict[str, float
     }
 
 
+def read_bandwidth(megabytes: int = 512, repeats: int = 8) -> float:
+    """Best bytes read per second by ``sum`` over a tensor far larger than the caches (GB/s)."""
+    data = torch.ones(megabytes * 2**20 // 4)
+    data.sum()
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        data.sum()
+        rates.append(data.numel() * 4 / (time.perf_counter() - start))
+    return max(rates) / 1e9
+
+
 def machine_description() -> dict[str, Any]:
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout

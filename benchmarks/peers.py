@@ -26,7 +26,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 
 import ctranslate2
 import torch
-from bench_timing import interleave, machine_description
+from bench_timing import interleave, machine_description, read_bandwidth
 from bench_workloads import EOS, build_configs, build_ours, decode_step_weight_bytes, generation_config
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoModelForSeq2SeqLM, HfArgumentParser, PreTrainedTokenizerFast
@@ -73,18 +72,6 @@ def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
-
-
-def read_bandwidth(megabytes: int = 512, repeats: int = 8) -> float:
-    """Best bytes read per second by ``sum`` over a tensor far larger than the caches (GB/s)."""
-    data = torch.ones(megabytes * 2**20 // 4)
-    data.sum()
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        data.sum()
-        rates.append(data.numel() * 4 / (time.perf_counter() - start))
-    return max(rates) / 1e9
 
 
 def folder_megabytes(path: Path) -> float:
