@@ -23,7 +23,7 @@
 #   4. beam 4, α = 0.6 (HF's |Y|^α), stop when no better hypothesis can appear (early_stopping never)
 #      on the full validation set (1014 sentences) with sacreBLEU (cased, 13a) (~35 s)
 #   5. (outside the budget) the same evaluation of the last single checkpoint, for comparison.
-# Measured, run 3 (2026-12-01, commit 0bb367c, these defaults): 50 min 53 s in all, validation BLEU
+# Measured, run 3 (2026-12-01, commit c8de35a, these defaults): 50 min 53 s in all, validation BLEU
 # 39.50 averaged (38.59 last checkpoint), chrF 59.35. Runs 1 and 2 (2026-11-29, 38.11 and 39.22) clipped
 # gradients at norm 1.0 and decoded with early_stopping=True (the defaults before issue 12). README,
 # "Real data", has the tables and the early-stopping comparison.
