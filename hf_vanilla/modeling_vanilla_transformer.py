@@ -964,13 +964,16 @@ class _SourceLengthBound(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         rows = input_ids.shape[0]
         limits = self.limits.to(input_ids.device).repeat_interleave(rows // self.limits.shape[0])
-        done = (input_ids.shape[1] >= limits)[:, None]  # (rows, 1)
-        forced = torch.full_like(scores, -math.inf)
+        done = input_ids.shape[1] >= limits  # (rows,)
+        if not done.any():  # most steps: no hypothesis is at its bound, and the scores stay as they are
+            return scores
         # </s> keeps its own score (beam search ranks the ended hypothesis by it); if another
         # processor banned it (e.g. min_new_tokens beyond the bound), the lowest finite score instead
         # of -inf, so the row never becomes all -inf (NaN after log-softmax).
-        forced[:, self.eos_token_id] = scores[:, self.eos_token_id].clamp(min=torch.finfo(scores.dtype).min)
-        return torch.where(done, forced, scores)
+        eos_scores = scores[:, self.eos_token_id].clamp(min=torch.finfo(scores.dtype).min)  # (rows,)
+        bounded = scores.masked_fill(done[:, None], -math.inf)  # (rows, V)
+        bounded[:, self.eos_token_id] = torch.where(done, eos_scores, scores[:, self.eos_token_id])
+        return bounded
 
 
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
@@ -1149,7 +1152,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
                 total, logits = fused
                 logits = logits.view(*hidden_states.shape[:-1], -1)  # (B, T, V)
         if total is None:
-            logits = self.lm_head(hidden_states)  # (B, T, V): §3.4 the pre-softmax projection
+            logits = fast_linear(self.lm_head, hidden_states)  # (B, T, V): §3.4 the pre-softmax projection
             if bias is not None:
                 logits = logits + bias
             if labels is not None:

@@ -15,7 +15,7 @@ from conftest import copy_task, tiny_model
 from torch import nn
 from torch.nn import functional as F
 
-from hf_vanilla import VanillaTransformerForConditionalGeneration, fast_paths
+from hf_vanilla import VanillaTransformerForConditionalGeneration, fast_paths, modeling_vanilla_transformer
 
 
 def _ran_onednn(fn: Callable[[], object]) -> bool:
@@ -63,6 +63,29 @@ def test_generation_through_onednn_equals_generation_through_f_linear(batch, mon
         torch.testing.assert_close(model(**batch).logits, logits, rtol=1e-5, atol=1e-5)
         assert torch.equal(model.generate(**source, num_beams=1, max_new_tokens=10), greedy)
         assert torch.equal(model.generate(**source, num_beams=3, max_new_tokens=10), beam)
+
+
+def test_every_linear_of_an_inference_forward_is_offered_to_the_fast_path(batch, monkeypatch) -> None:
+    """The output projection too: it is the largest matrix a decoding step reads (a refactor once left
+    it on F.linear, 6 ms of a 16 ms greedy step at base size)."""
+    model = tiny_model()
+    offered = []
+
+    def spy(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+        offered.append(module)
+        return fast_paths.linear(module, hidden_states)
+
+    monkeypatch.setattr(modeling_vanilla_transformer, "fast_linear", spy)
+    decoder_input_ids = batch["labels"].clamp(min=0)
+    with torch.no_grad():
+        model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=decoder_input_ids,
+        )
+    linears = {id(module) for module in model.modules() if isinstance(module, nn.Linear)}
+    assert {id(module) for module in offered} == linears
+    assert any(module is model.lm_head for module in offered)
 
 
 # ------------------------------------------------------------------------------------------------

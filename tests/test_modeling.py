@@ -26,6 +26,7 @@ from hf_vanilla import (
 from hf_vanilla.modeling_vanilla_transformer import (
     VanillaTransformerDecoderLayer,
     VanillaTransformerEncoderLayer,
+    _SourceLengthBound,
     build_attention_mask,
     sinusoidal_position_encoding,
 )
@@ -460,6 +461,22 @@ def test_the_bound_wins_over_a_longer_min_new_tokens(model, batch, num_beams: in
     assert not any(torch.isnan(scores).any() for scores in out.scores)
     if num_beams == 1:  # greedy: the bound's </s> is the only finite choice
         assert out.sequences.shape[1] == 1 + 3 + 50 and out.sequences[0, -1] == 2
+
+
+def test_the_bound_forces_eos_only_in_rows_at_their_bound() -> None:
+    """Two sentences × two beams, bound 3 + 2 tokens after a 1-token prompt: at decoder length 5 the
+    first sentence's rows may only end (</s> keeps its score, or the lowest finite score where another
+    processor banned it); the second sentence's rows are untouched; before any bound is reached the
+    scores pass through unchanged (the same tensor, no full-vocabulary pass)."""
+    bound = _SourceLengthBound(torch.tensor([3, 9]), start_length=1, eos_token_id=2, offset=2)
+    scores = torch.randn(4, 10)
+    scores[1, 2] = -math.inf
+    assert bound(torch.zeros(4, 4, dtype=torch.long), scores) is scores
+    out = bound(torch.zeros(4, 5, dtype=torch.long), scores.clone())
+    assert out[0, 2] == scores[0, 2] and out[1, 2] == torch.finfo(scores.dtype).min
+    others = [column for column in range(10) if column != 2]
+    assert torch.isneginf(out[:2, others]).all()
+    assert torch.equal(out[2:], scores[2:])
 
 
 def test_sampling_is_reproducible(model, batch) -> None:
