@@ -85,8 +85,16 @@ def build_configs(size: str) -> tuple[VanillaTransformerConfig, MarianConfig]:
 
 
 def build_ours(config: VanillaTransformerConfig, seed: int) -> VanillaTransformerForConditionalGeneration:
+    """Random weights, except that the embedding row of ``</s>`` is zero: the tied output projection
+    then gives ``</s>`` a logit of exactly 0 at every step, the median of the random logits, so no
+    greedy or beam hypothesis ever ends and every engine decodes exactly ``max_new_tokens`` without a
+    minimum-length rule (``min_new_tokens`` adds two full-vocabulary passes per step to ``generate()``
+    that real decoding does not have, and CTranslate2's ``min_decoding_length`` costs nothing)."""
     torch.manual_seed(seed)
-    return VanillaTransformerForConditionalGeneration(config)
+    model = VanillaTransformerForConditionalGeneration(config)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[EOS].zero_()
+    return model
 
 
 def build_marian(
@@ -145,13 +153,13 @@ def check_same_function(
 
 
 def generation_config(num_beams: int, new_tokens: int) -> GenerationConfig:
-    """Exactly ``new_tokens`` tokens (min = max), no sampling; §6.1's α = 0.6 for beam search."""
+    """At most ``new_tokens`` tokens (exactly that many on :func:`build_ours`' weights, which never end a
+    hypothesis), no sampling; §6.1's α = 0.6 for beam search."""
     beam_options = {"length_penalty": 0.6, "early_stopping": True} if num_beams > 1 else {}
     return GenerationConfig(
         do_sample=False,
         num_beams=num_beams,
         max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
         **beam_options,
         use_cache=True,
         pad_token_id=PAD,
@@ -250,8 +258,8 @@ def make_generate(
         model.eval()
         with torch.inference_mode():
             out = model.generate(source, attention_mask=mask, generation_config=config)
-        if out.shape[1] != new_tokens + 1:
-            raise RuntimeError(f"Expected {new_tokens} new tokens, got {out.shape[1] - 1}.")
+        if out.shape[1] != new_tokens + 1 or bool((out[:, 1:] == EOS).any()):
+            raise RuntimeError(f"Expected {new_tokens} new tokens in every row, got {out[:, 1:].tolist()}.")
         return out
 
     return run

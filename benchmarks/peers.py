@@ -4,8 +4,8 @@ CTranslate2 fp32 and int8 (issue 16).
 One transformer-base model (``--size``, random weights, the same as ``bench.py`` builds) is saved with
 a word-level tokenizer, exported with the project's own CTranslate2 exporter (float32 and int8), and
 loaded through each route of :mod:`hf_vanilla.quantization`. Every engine decodes the same random
-sources (``--source_length`` tokens + ``</s>``) for exactly ``--new_tokens`` tokens (min = max, so
-random weights do the same amount of work), with ``--threads`` threads for torch and CTranslate2.
+sources (``--source_length`` tokens + ``</s>``) for exactly ``--new_tokens`` tokens (``</s>`` has a
+zero embedding row, so random weights never end a hypothesis and every engine does the same work), with ``--threads`` threads for torch and CTranslate2.
 Cases: greedy and beam 4 at batch 1 and ``--batch_size``. Engines run round-robin (A B C … A B C …)
 after a warm-up; a cell is the median ms per decoding step with the min–max, and each ratio is the
 median of per-round ratios against CTranslate2 int8 (> 1: faster than CTranslate2 int8).
@@ -34,7 +34,14 @@ from typing import Any
 import ctranslate2
 import torch
 from bench_timing import interleave, machine_description, read_bandwidth
-from bench_workloads import EOS, build_configs, build_ours, decode_step_weight_bytes, generation_config
+from bench_workloads import (
+    EOS,
+    build_configs,
+    build_ours,
+    decode_step_weight_bytes,
+    generation_config,
+    make_generate,
+)
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoModelForSeq2SeqLM, HfArgumentParser, PreTrainedTokenizerFast
 
@@ -116,20 +123,21 @@ def build_engines(
 def make_call(
     engine: Any, ids: torch.Tensor, tokens: list[list[str]], beams: int, new_tokens: int
 ) -> Callable[[], object]:
-    if isinstance(engine, ctranslate2.Translator):
-        return lambda: engine.translate_batch(
-            tokens,
-            beam_size=beams,
-            max_batch_size=len(tokens),
-            max_decoding_length=new_tokens,
-            min_decoding_length=new_tokens,
-        )
-    config = generation_config(beams, new_tokens)
-    mask = torch.ones_like(ids)
+    """One decoding of the batch; every engine must return exactly ``new_tokens`` tokens per sentence
+    (:func:`~bench_workloads.build_ours` weights never end a hypothesis)."""
+    if not isinstance(engine, ctranslate2.Translator):
+        return make_generate(engine, ids, generation_config(beams, new_tokens), new_tokens)
 
-    def run() -> torch.Tensor:
-        with torch.inference_mode():
-            return engine.generate(ids, attention_mask=mask, generation_config=config)
+    def run() -> object:
+        results = engine.translate_batch(
+            tokens, beam_size=beams, max_batch_size=len(tokens), max_decoding_length=new_tokens
+        )
+        lengths = {len(result.hypotheses[0]) for result in results}
+        if lengths != {new_tokens}:
+            raise RuntimeError(
+                f"Expected {new_tokens} tokens from CTranslate2, got lengths {sorted(lengths)}."
+            )
+        return results
 
     return run
 
