@@ -12,6 +12,8 @@ fast path                     plain fallback                                  wh
                                                                               in fp32 CPU inference
 :func:`dropout`               ``F.dropout(x, p, training)``                   a mask from one 32-bit
                                                                               draw per two elements
+:func:`attention_interface`   the configured kernel (SDPA)                    Eq. (1) as two matrix
+                                                                              products in CPU decoding
 :func:`update_self_attention  ``cache.update(key, value, layer_idx)``         appends in place, no
 _cache`                                                                       O(P) copy per step
 :func:`linear_cross_entropy`  ``lm_head(x)`` then ``F.cross_entropy``         no (N, V) gradient in
@@ -37,12 +39,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.modules import module as _module
 from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 #: The environment variable that turns every fast path off when set to ``0``.
 SWITCH = "HF_VANILLA_FAST_PATHS"
@@ -128,6 +132,43 @@ def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     ):
         return torch.ops.mkldnn._linear_pointwise(hidden_states, module.weight, module.bias, "none", [], "")
     return module(hidden_states)
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention in a decoding step: two matrix products instead of SDPA's CPU kernel
+# --------------------------------------------------------------------------------------------------
+#: A decoding step has at most this many queries per key sequence: one per hypothesis, or a
+#: sentence's beam hypotheses grouped over its source keys in cross-attention.
+DECODING_QUERIES = 8
+
+#: ... and, for the matrix products to win, at least this many (sequence, head, query) rows in all.
+MATMUL_ATTENTION_MIN_ROWS = 128
+
+
+def attention_interface(
+    interface: Callable, eager: Callable, module: nn.Module, query: torch.Tensor, mask: torch.Tensor | None
+) -> Callable:
+    """``interface``; where it is SDPA, in fp32 CPU inference (eval mode, no autograd) for a decoding
+    step over many rows, ``eager`` instead: Eq. (1) as two batched matrix products, which computes
+    the same attention. SDPA's CPU kernel works through blocks of 32+ queries, so a step with one
+    query per row (or a few, grouped) pays for the unused ones: at beam 4, batch 32 and base size the
+    grouped cross-attention takes 0.66 ms per layer through SDPA and 0.20 ms through two products,
+    self-attention 0.54 against 0.31 ms. With few rows (batch 1) SDPA's kernel is the faster one and
+    stays. A causal call that SDPA would mask by itself (no mask, several queries) keeps SDPA: the
+    eager kernel needs its mask."""
+    if (
+        interface is sdpa_attention_forward
+        and enabled()
+        and not module.training
+        and not torch.is_grad_enabled()
+        and _cpu_fp32(query)
+        and not _transformed(query)
+        and query.shape[-2] <= DECODING_QUERIES
+        and query.shape[0] * query.shape[1] * query.shape[-2] >= MATMUL_ATTENTION_MIN_ROWS
+        and (mask is not None or not module.is_causal or query.shape[-2] == 1)
+    ):
+        return eager
+    return interface
 
 
 # --------------------------------------------------------------------------------------------------

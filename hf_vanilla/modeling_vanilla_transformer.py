@@ -87,6 +87,7 @@ from transformers.utils.loading_report import LoadStateDictInfo
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .fast_paths import attention_interface as fast_attention_interface
 from .fast_paths import dropout as fast_dropout
 from .fast_paths import linear as fast_linear
 from .fast_paths import linear_cross_entropy as fast_linear_cross_entropy
@@ -353,8 +354,14 @@ class VanillaTransformerAttention(nn.Module):
         if output_attentions:  # only the eager kernel materialises the probabilities
             attention_interface: Callable = eager_attention_forward
         else:
-            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-                self.config._attn_implementation, eager_attention_forward
+            attention_interface = fast_attention_interface(
+                ALL_ATTENTION_FUNCTIONS.get_interface(
+                    self.config._attn_implementation, eager_attention_forward
+                ),
+                eager_attention_forward,
+                self,
+                query,
+                attention_mask,
             )
         if attention_mask is not None and attention_mask.device != query.device:  # model parallelism
             attention_mask = attention_mask.to(query.device)

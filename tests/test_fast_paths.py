@@ -88,6 +88,58 @@ def test_every_linear_of_an_inference_forward_is_offered_to_the_fast_path(batch,
     assert any(module is model.lm_head for module in offered)
 
 
+def test_attention_gate_picks_matrix_products_only_for_many_rows_of_a_decoding_step() -> None:
+    model = tiny_model()  # 4 heads
+    self_attn = model.model.decoder.layers[0].self_attn
+    cross_attn = model.model.decoder.layers[0].encoder_attn
+
+    def eager(*args: object, **kwargs: object) -> None:
+        return None
+
+    def flash(*args: object, **kwargs: object) -> None:  # another kernel, e.g. one the user registered
+        return None
+
+    def pick(module: nn.Module, query: torch.Tensor, mask: torch.Tensor | None = None) -> Callable:
+        return fast_paths.attention_interface(fast_paths.sdpa_attention_forward, eager, module, query, mask)
+
+    step = torch.randn(32, 4, 1, 8)  # 32 hypotheses × 4 heads × 1 query = 128 rows
+    with torch.no_grad():
+        assert pick(self_attn, step) is eager
+        assert pick(cross_attn, torch.randn(8, 4, 4, 8)) is eager  # 8 sentences × 4 grouped beams
+        assert pick(self_attn, step[:16]) is fast_paths.sdpa_attention_forward  # 64 rows: SDPA is faster
+        assert pick(cross_attn, torch.randn(8, 4, 16, 8)) is fast_paths.sdpa_attention_forward  # not a step
+        two_queries = torch.randn(32, 4, 2, 8)  # causal with no mask: only SDPA's is_causal masks it
+        assert pick(self_attn, two_queries) is fast_paths.sdpa_attention_forward
+        assert pick(self_attn, two_queries, torch.ones(1, 1, 2, 2, dtype=torch.bool)) is eager
+        assert pick(self_attn, step.bfloat16()) is fast_paths.sdpa_attention_forward
+        assert fast_paths.attention_interface(flash, eager, self_attn, step, None) is flash  # not SDPA
+        model.train()
+        assert pick(self_attn, step) is fast_paths.sdpa_attention_forward  # attention dropout: SDPA's
+        model.eval()
+    assert pick(self_attn, step) is fast_paths.sdpa_attention_forward  # autograd
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_decoding_attention_through_matrix_products_equals_sdpa(monkeypatch, num_beams: int) -> None:
+    model = tiny_model()  # 4 heads: 32 hypotheses give 128 rows per decoding step
+    generator = torch.Generator().manual_seed(5)
+    source = torch.randint(4, 100, (32 // num_beams, 9), generator=generator)
+    mask = torch.ones_like(source)
+    source[1, 5:], mask[1, 5:] = 0, 0
+    calls = _record_fast_paths(monkeypatch)
+    options = dict(num_beams=num_beams, max_new_tokens=10, output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        fast = model.generate(source, attention_mask=mask, **options)
+        assert "attention" in calls
+        monkeypatch.setattr(fast_paths, "MATMUL_ATTENTION_MIN_ROWS", float("inf"))
+        calls.clear()
+        plain = model.generate(source, attention_mask=mask, **options)
+        assert "attention" not in calls
+    assert torch.equal(fast.sequences, plain.sequences)
+    for a, b in zip(fast.scores, plain.scores, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------------
 # Training-step kernels: the same function as the plain operators
 # ------------------------------------------------------------------------------------------------
@@ -249,6 +301,12 @@ def _record_fast_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         "_store_with_room",
         lambda *args, **kwargs: calls.append("cache") or store(*args, **kwargs),
     )
+    eager = modeling_vanilla_transformer.eager_attention_forward  # runs only where the fast path picks it
+    monkeypatch.setattr(
+        modeling_vanilla_transformer,
+        "eager_attention_forward",
+        lambda *args, **kwargs: calls.append("attention") or eager(*args, **kwargs),
+    )
     return calls
 
 
@@ -266,9 +324,10 @@ def test_the_switch_turns_every_fast_path_off(batch, monkeypatch) -> None:
     model = tiny_model(
         encoder_ffn_dim=8192, decoder_ffn_dim=8192, dropout=0.1
     )  # fc weights at the oneDNN threshold
+    monkeypatch.setattr(fast_paths, "MATMUL_ATTENTION_MIN_ROWS", 1)  # the tiny batch counts as many rows
     calls = _record_fast_paths(monkeypatch)
     assert _ran_onednn(lambda: _train_step_and_generate(model, batch)) == fast_paths._ONEDNN_LINEAR
-    assert set(calls) == {"dropout", "loss", "cache"}
+    assert set(calls) == {"dropout", "loss", "cache", "attention"}
     calls.clear()
     monkeypatch.setenv(fast_paths.SWITCH, "0")
     assert not _ran_onednn(lambda: _train_step_and_generate(model, batch))
