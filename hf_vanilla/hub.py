@@ -26,7 +26,7 @@ import importlib
 import json
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +45,19 @@ from hf_vanilla.translate import EARLY_STOPPING
 
 logger = logging.getLogger(__name__)
 
+#: The training arguments, as JSON, in every model folder the Trainer writes (instead of a pickle); they
+#: include the model card's data (:class:`DatasetCardArguments`).
+TRAINING_ARGS_JSON = "training_args.json"
+
 __all__ = [
     "KNOWN_DATASETS",
     "MULTI30K",
+    "TRAINING_ARGS_JSON",
     "DatasetCard",
     "DatasetCardArguments",
     "HubPushError",
     "PublishArguments",
+    "card_data_recorded_in",
     "dataset_card_from_args",
     "default_template_path",
     "finish_model_folder",
@@ -400,8 +406,9 @@ class DatasetCardArguments:
     dataset: str | None = field(
         default=None,
         metadata={
-            "help": f"For the model card (required to publish): the training data, one of {sorted(KNOWN_DATASETS)} "
-            "or 'custom' (then give --dataset_id, --data_terms and --weights_license)."
+            "help": f"For the model card: the training data, one of {sorted(KNOWN_DATASETS)} or 'custom' (then "
+            "give --dataset_id, --data_terms and --weights_license). Required to publish, unless the training "
+            "run recorded it."
         },
     )
     dataset_id: str | None = field(
@@ -487,6 +494,24 @@ def dataset_card_from_args(args: DatasetCardArguments) -> DatasetCard:
         license=args.weights_license,
         license_name="custom-data-terms" if args.weights_license == "other" else None,
     )
+
+
+def card_data_recorded_in(folder: str | Path, args: DatasetCardArguments) -> bool:
+    """Without ``--dataset`` in ``args``, take the card's data fields recorded by the training run in
+    ``folder`` (its ``training_args.json``, as a checkpoint or the training output holds it). Returns
+    whether they were taken; ``args`` is left alone when it names a dataset or nothing is recorded."""
+    recorded = Path(folder) / TRAINING_ARGS_JSON
+    if args.dataset is not None or not recorded.is_file():
+        return False
+    values = json.loads(recorded.read_text(encoding="utf-8"))
+    if values.get("dataset") is None:
+        return False
+    for card_field in fields(DatasetCardArguments):
+        setattr(args, card_field.name, values.get(card_field.name))
+    logger.info(
+        "The model card's data, as the training run recorded it in %s: --dataset %s", recorded, args.dataset
+    )
+    return True
 
 
 def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import logging
 import math
 import sys
@@ -79,8 +78,10 @@ from hf_vanilla.evaluation import (
     parallel_columns,
 )
 from hf_vanilla.hub import (
+    TRAINING_ARGS_JSON,
     DatasetCardArguments,
     PublishArguments,
+    card_data_recorded_in,
     dataset_card_from_args,
     finish_model_folder,
     limit_tokenizer_length,
@@ -101,8 +102,6 @@ from hf_vanilla.translate import DecodingOptions
 
 logger = logging.getLogger(__name__)
 
-#: The training arguments, as JSON, in every model folder the Trainer writes (instead of a pickle).
-TRAINING_ARGS_JSON = "training_args.json"
 #: ``--push_to_hub``: the folder in ``output_dir`` that is written with :func:`hf_vanilla.hub.publish` and pushed.
 HUB_FOLDER = "hub"
 
@@ -837,20 +836,6 @@ def _paper_trainer(
     )
 
 
-def _card_recorded_at(checkpoint: str, training_args: PaperTrainingArguments) -> None:
-    """A resumed run names the data the way it was started: without ``--dataset``, the model card's data
-    fields are taken from the checkpoint's ``training_args.json``."""
-    recorded = Path(checkpoint) / TRAINING_ARGS_JSON
-    if training_args.dataset is not None or not recorded.is_file():
-        return
-    values = json.loads(recorded.read_text(encoding="utf-8"))
-    if values.get("dataset") is None:
-        return
-    for card_field in fields(DatasetCardArguments):
-        setattr(training_args, card_field.name, values.get(card_field.name))
-    logger.info("The model card's data, as recorded in %s: --dataset %s", recorded, training_args.dataset)
-
-
 def _has_validation_split(data_args: DataArguments) -> bool:
     """Whether the data arguments give a validation split (a Hub dataset's is known once loaded)."""
     if data_args.max_eval_samples == 0:
@@ -960,7 +945,7 @@ def run_training(
     )
     if resume is not None:
         logger.info("Resuming from %s", resume)
-        _card_recorded_at(resume, training_args)
+        card_data_recorded_in(resume, training_args)  # unless given again
     check_averaging_is_possible(training_args, resume)
     hub_repo = take_hub_push(training_args, data_args)  # before the Trainer exists: its own push stays off
     transformers.set_seed(training_args.seed)

@@ -405,6 +405,11 @@ def test_train_push_uploads_the_publish_folder_and_a_resumed_run_pushes_again(
         "cc-by-4.0",
     )
     assert_self_contained(run / "hub", tmp_path)
+    # hf-vanilla-publish from the training output takes the card's data the run recorded.
+    publish_main = runpy.run_path(str(REPO / "scripts" / "publish.py"))["main"]
+    argv = ["--model_name_or_path", str(run), "--output_dir", str(tmp_path / "published")]
+    assert publish_main([*argv, "--results_files", str(run / "validation.results.json")]) == 0
+    assert ModelCard.load(tmp_path / "published" / "README.md").data.datasets == ["someone/pairs"]
 
     # Resumed, the run names its data as recorded in the checkpoint, and replaces the Hub folder (--overwrite).
     argv = train_push_argv(tmp_path, tokenizer, "--max_steps", "3", "--resume_from_checkpoint", "last")
