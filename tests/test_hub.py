@@ -279,8 +279,9 @@ def test_publish_script_offline_push_fails_clearly_and_keeps_folder(
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(str(REPO / "scripts" / "publish.py"), run_name="__main__")
     assert exit_info.value.code == 1
-    err = capsys.readouterr().err
-    assert "offline mode is on" in err and f"The local folder {folder} is kept" in err
+    [error] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert "offline mode is on" in error and f"The local folder {folder} is kept" in error
+    assert f"hf-vanilla-publish --push_only --output_dir {folder} --push_to_hub" in error  # one line
     assert (folder / "README.md").is_file() and (folder / "model.safetensors").is_file()
 
 
