@@ -40,10 +40,12 @@ __all__ = [
     "check_bleu_tokenize",
     "compute_bleu_chrf",
     "evaluate_dataset",
+    "evaluate_split_into",
     "evaluate_translations",
     "load_metric",
     "load_sacrebleu_test_set",
     "parallel_columns",
+    "result_files",
     "write_results",
 ]
 
@@ -217,3 +219,42 @@ def write_results(results: dict[str, Any], path: str | Path) -> Path:
     with atomic_file(path) as handle:
         handle.write(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     return Path(path)
+
+
+def result_files(output_dir: str | Path, split: str, target_lang: str) -> tuple[Path, Path]:
+    """Where a split's evaluation goes: ``<output_dir>/<split>.hyp.<target_lang>`` (the hypotheses) and
+    ``<output_dir>/<split>.results.json`` (what ``hf-vanilla-publish --results_files`` reads)."""
+    output_dir = Path(output_dir)
+    return output_dir / f"{split}.hyp.{target_lang}", output_dir / f"{split}.results.json"
+
+
+def evaluate_split_into(
+    output_dir: str | Path,
+    model: Any,
+    tokenizer: Any,
+    sources: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    *,
+    split: str,
+    source_lang: str,
+    target_lang: str,
+    model_name: str,
+    dataset_name: str,
+    **kwargs: Any,
+) -> tuple[dict[str, Any], Path]:
+    """Translate and score one split as ``hf-vanilla-evaluate`` does, writing its :func:`result_files`
+    (existing ones are replaced). The results name the split, the languages, the model and the data, as the
+    model card needs them. Keyword arguments go to :func:`evaluate_translations`. Returns the results and
+    the path of the results file."""
+    hypotheses_file, results_file = result_files(output_dir, split, target_lang)
+    results = evaluate_translations(
+        model, tokenizer, sources, references, hypotheses_file=hypotheses_file, **kwargs
+    )
+    results.update(
+        split=split,
+        source_lang=source_lang,
+        target_lang=target_lang,
+        model=model_name,
+        dataset_name=dataset_name,
+    )
+    return results, write_results(results, results_file)

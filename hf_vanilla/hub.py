@@ -26,7 +26,7 @@ import importlib
 import json
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +45,19 @@ from hf_vanilla.translate import EARLY_STOPPING
 
 logger = logging.getLogger(__name__)
 
+#: The training arguments, as JSON, in every model folder the Trainer writes (instead of a pickle); they
+#: include the model card's data (:class:`DatasetCardArguments`).
+TRAINING_ARGS_JSON = "training_args.json"
+
 __all__ = [
     "KNOWN_DATASETS",
     "MULTI30K",
+    "TRAINING_ARGS_JSON",
     "DatasetCard",
+    "DatasetCardArguments",
     "HubPushError",
     "PublishArguments",
+    "card_data_recorded_in",
     "dataset_card_from_args",
     "default_template_path",
     "finish_model_folder",
@@ -356,18 +363,19 @@ def push_to_hub(
 
     Raises:
         HubPushError: the Hub is unreachable (offline mode, no network), the token is missing or the
-            Hub refused the upload. The message names the kept local folder and the command to retry.
+            Hub refused the upload. The message, one line, names the kept local folder and the command
+            to retry.
     """
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} is not a saved model folder: write it first with save_for_hub.")
     later = (
-        f"The local folder {folder} is kept. Push it later, when online and logged in (`hf auth login`), with\n"
-        f"  hf-vanilla-publish --push_only --output_dir {folder} --push_to_hub --hub_model_id {repo_id}\n"
-        f"or\n  hf upload {repo_id} {folder} ."
+        f"The local folder {folder} is kept. Push it later, when online and logged in (`hf auth login`), with "
+        f"`hf-vanilla-publish --push_only --output_dir {folder} --push_to_hub --hub_model_id {repo_id}` "
+        f"(or `hf upload {repo_id} {folder} .`)."
     )
     if huggingface_hub.constants.HF_HUB_OFFLINE:
-        raise HubPushError(f"Not pushing to the Hub: offline mode is on (HF_HUB_OFFLINE=1).\n{later}")
+        raise HubPushError(f"Not pushing to the Hub: offline mode is on (HF_HUB_OFFLINE=1). {later}")
     api = HfApi(token=token)
     try:
         api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
@@ -375,7 +383,8 @@ def push_to_hub(
             repo_id=repo_id, folder_path=str(folder), repo_type="model", commit_message=commit_message
         )
     except _network_errors() as err:
-        raise HubPushError(f"Pushing {folder} to the Hub repo {repo_id!r} failed: {err}\n{later}") from err
+        reason = " ".join(str(err).split())  # one line: HTTP errors carry the server's reply on more lines
+        raise HubPushError(f"Pushing {folder} to the Hub repo {repo_id!r} failed: {reason}. {later}") from err
     url = str(getattr(commit, "commit_url", commit))
     logger.info("Pushed %s to %s", folder, url)
     return url
@@ -388,9 +397,39 @@ def push_to_hub(
 KNOWN_DATASETS = {"multi30k": MULTI30K}
 
 
+@dataclass(kw_only=True)
+class DatasetCardArguments:
+    """The training data as the model card names it, with its terms and the weights' license. There is no
+    default: ``hf-vanilla-publish`` requires it, and ``hf-vanilla-train --push_to_hub`` requires it before
+    training and records it in ``training_args.json``."""
+
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": f"For the model card: the training data, one of {sorted(KNOWN_DATASETS)} or 'custom' (then "
+            "give --dataset_id, --data_terms and --weights_license). Required to publish, unless the training "
+            "run recorded it."
+        },
+    )
+    dataset_id: str | None = field(
+        default=None, metadata={"help": "custom data: Hub dataset id or short name."}
+    )
+    dataset_display_name: str | None = field(
+        default=None, metadata={"help": "custom data: name on the card."}
+    )
+    data_terms: str | None = field(
+        default=None, metadata={"help": "custom data: its license / terms of use."}
+    )
+    weights_license: str | None = field(
+        default=None,
+        metadata={"help": "custom data: Hub license id of the weights (e.g. 'apache-2.0', 'other')."},
+    )
+
+
 @dataclass
-class PublishArguments:
-    """What to publish and where."""
+class PublishArguments(DatasetCardArguments):
+    """What to publish and where (and, from :class:`DatasetCardArguments`, the data the card names:
+    required unless ``--push_only``)."""
 
     output_dir: str = field(
         metadata={
@@ -415,26 +454,6 @@ class PublishArguments:
         default=False, metadata={"help": "Push an already written --output_dir without rebuilding it."}
     )
     overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
-    dataset: str | None = field(
-        default=None,
-        metadata={
-            "help": f"Required unless --push_only: the training data, one of {sorted(KNOWN_DATASETS)} or 'custom' "
-            "(then give --dataset_id, --data_terms and --weights_license)."
-        },
-    )
-    dataset_id: str | None = field(
-        default=None, metadata={"help": "custom data: Hub dataset id or short name."}
-    )
-    dataset_display_name: str | None = field(
-        default=None, metadata={"help": "custom data: name on the card."}
-    )
-    data_terms: str | None = field(
-        default=None, metadata={"help": "custom data: its license / terms of use."}
-    )
-    weights_license: str | None = field(
-        default=None,
-        metadata={"help": "custom data: Hub license id of the weights (e.g. 'apache-2.0', 'other')."},
-    )
     model_name: str | None = field(
         default=None, metadata={"help": "Title of the card; default: the repo name."}
     )
@@ -449,7 +468,7 @@ class PublishArguments:
     )
 
 
-def dataset_card_from_args(args: PublishArguments) -> DatasetCard:
+def dataset_card_from_args(args: DatasetCardArguments) -> DatasetCard:
     """The data card named by ``--dataset``, or a custom one from ``--dataset_id`` etc."""
     if args.dataset is None:
         raise ValueError(
@@ -475,6 +494,24 @@ def dataset_card_from_args(args: PublishArguments) -> DatasetCard:
         license=args.weights_license,
         license_name="custom-data-terms" if args.weights_license == "other" else None,
     )
+
+
+def card_data_recorded_in(folder: str | Path, args: DatasetCardArguments) -> bool:
+    """Without ``--dataset`` in ``args``, take the card's data fields recorded by the training run in
+    ``folder`` (its ``training_args.json``, as a checkpoint or the training output holds it). Returns
+    whether they were taken; ``args`` is left alone when it names a dataset or nothing is recorded."""
+    recorded = Path(folder) / TRAINING_ARGS_JSON
+    if args.dataset is not None or not recorded.is_file():
+        return False
+    values = json.loads(recorded.read_text(encoding="utf-8"))
+    if values.get("dataset") is None:
+        return False
+    for card_field in fields(DatasetCardArguments):
+        setattr(args, card_field.name, values.get(card_field.name))
+    logger.info(
+        "The model card's data, as the training run recorded it in %s: --dataset %s", recorded, args.dataset
+    )
+    return True
 
 
 def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:

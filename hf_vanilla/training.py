@@ -38,7 +38,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +68,28 @@ from hf_vanilla.durability import (
     ResilientTrainerMixin,
     SaveOnSignalCallback,
     find_complete_checkpoints,
+    refuse_to_replace,
     resolve_resume_checkpoint,
 )
-from hf_vanilla.evaluation import check_bleu_tokenize, compute_bleu_chrf
-from hf_vanilla.hub import finish_model_folder, limit_tokenizer_length, registered_for_remote_code
+from hf_vanilla.evaluation import (
+    check_bleu_tokenize,
+    compute_bleu_chrf,
+    evaluate_split_into,
+    parallel_columns,
+)
+from hf_vanilla.hub import (
+    TRAINING_ARGS_JSON,
+    DatasetCardArguments,
+    PublishArguments,
+    card_data_recorded_in,
+    dataset_card_from_args,
+    finish_model_folder,
+    limit_tokenizer_length,
+    publish,
+    push_to_hub,
+    registered_for_remote_code,
+    summarize_training,
+)
 from hf_vanilla.launch_checks import check_fsdp_honoured, check_process_group
 from hf_vanilla.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla.safe_loading import checkpoint_step, verify_model_folder
@@ -80,13 +98,15 @@ from hf_vanilla.tokenization import (
     load_or_train_tokenizer,
     tokenize_translations,
 )
+from hf_vanilla.translate import DecodingOptions
 
 logger = logging.getLogger(__name__)
 
-#: The training arguments, as JSON, in every model folder the Trainer writes (instead of a pickle).
-TRAINING_ARGS_JSON = "training_args.json"
+#: ``--push_to_hub``: the folder in ``output_dir`` that is written with :func:`hf_vanilla.hub.publish` and pushed.
+HUB_FOLDER = "hub"
 
 __all__ = [
+    "HUB_FOLDER",
     "ModelArguments",
     "PaperLRLambda",
     "PaperSeq2SeqTrainer",
@@ -99,8 +119,10 @@ __all__ = [
     "paper_learning_rate",
     "paper_peak_learning_rate",
     "planned_checkpoints",
+    "publish_run",
     "run_training",
     "setup_logging",
+    "take_hub_push",
 ]
 
 
@@ -257,8 +279,10 @@ PAPER_MAX_TOKENS_PER_PROCESS = (25_000 + 25_000) // 8
 
 
 @dataclass
-class PaperTrainingArguments(Seq2SeqTrainingArguments):
-    """``Seq2SeqTrainingArguments`` with the paper's recipe (§5.2–§5.4, §6.1) as defaults."""
+class PaperTrainingArguments(DatasetCardArguments, Seq2SeqTrainingArguments):
+    """``Seq2SeqTrainingArguments`` with the paper's recipe (§5.2–§5.4, §6.1) as defaults, and the training
+    data as the model card names it (:class:`~hf_vanilla.hub.DatasetCardArguments`, required with
+    ``--push_to_hub``; recorded in ``training_args.json``)."""
 
     learning_rate: float | None = field(
         default=None,
@@ -812,15 +836,108 @@ def _paper_trainer(
     )
 
 
+def _has_validation_split(data_args: DataArguments) -> bool:
+    """Whether the data arguments give a validation split (a Hub dataset's is known once loaded)."""
+    if data_args.max_eval_samples == 0:
+        return False
+    if data_args.demo:
+        return data_args.demo_validation_size > 0
+    return bool(data_args.validation_files) or not data_args.local_files()
+
+
+_NO_VALIDATION_TO_PUBLISH = (
+    "--push_to_hub puts the trained model's validation BLEU on the model card, and this run has no validation "
+    "split: give --validation_files (or a dataset with a validation split)."
+)
+
+
+def take_hub_push(training_args: PaperTrainingArguments, data_args: DataArguments) -> str | None:
+    """The Hub repo that ``--push_to_hub`` asks for, checked before any work, or ``None``.
+
+    The run then pushes through :func:`publish_run` (the folder and card of ``hf-vanilla-publish``), so the
+    Trainer's own push, which would upload ``output_dir`` without the code files and card (and create the
+    repo when the Trainer is built), is turned off here. Refused in one line: no ``--hub_model_id``, no or
+    incomplete card data (``--dataset``, as ``hf-vanilla-publish`` refuses it), no training, no validation
+    split to score, and an existing ``<output_dir>/hub`` without ``--overwrite``.
+    """
+    if not training_args.push_to_hub:
+        return None
+    if not training_args.hub_model_id:
+        raise ValueError("--push_to_hub needs --hub_model_id (e.g. 'user/transformer-base-en-de').")
+    dataset_card_from_args(training_args)
+    if not training_args.do_train:
+        raise ValueError(
+            "--push_to_hub publishes the model this run trains, and --do_train is false: publish a saved model "
+            "with hf-vanilla-evaluate and hf-vanilla-publish."
+        )
+    if not _has_validation_split(data_args):
+        raise ValueError(_NO_VALIDATION_TO_PUBLISH)
+    refuse_to_replace(Path(training_args.output_dir) / HUB_FOLDER, training_args.overwrite, "The Hub folder")
+    training_args.push_to_hub = False
+    return training_args.hub_model_id
+
+
+def publish_run(
+    model_dir: str | Path,
+    tokenizer: PreTrainedTokenizerBase,
+    validation: datasets.Dataset,
+    data_args: DataArguments,
+    training_args: PaperTrainingArguments,
+    repo_id: str,
+) -> Path:
+    """Score the saved model ``model_dir`` on ``validation`` as ``hf-vanilla-evaluate`` does (the paper's
+    decoding; ``<output_dir>/validation.results.json`` and ``validation.hyp.<target_lang>``), write
+    ``<output_dir>/hub`` with :func:`hf_vanilla.hub.publish` from those results and the run's card data,
+    and push it to ``repo_id``. Returns the folder; raises :class:`~hf_vanilla.hub.HubPushError` (one line
+    naming the command to retry; the folder and the training output are kept) when the push fails."""
+    output_dir = Path(training_args.output_dir)
+    card_args = {f.name: getattr(training_args, f.name) for f in fields(DatasetCardArguments)}
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    sources, references = parallel_columns(validation, data_args.source_lang, data_args.target_lang)
+    _, results_file = evaluate_split_into(
+        output_dir,
+        model,
+        tokenizer,
+        sources,
+        references,
+        split="validation",
+        source_lang=data_args.source_lang,
+        target_lang=data_args.target_lang,
+        model_name=str(model_dir),
+        dataset_name=dataset_card_from_args(training_args).name,
+        options=DecodingOptions(),
+        batch_size=training_args.per_device_eval_batch_size,
+        device=str(training_args.device),
+        bleu_tokenize=training_args.bleu_tokenize,
+    )
+    summary = summarize_training(output_dir)
+    if summary and training_args.average_last_n_checkpoints:
+        summary += f" The weights are the average of its last {training_args.average_last_n_checkpoints} checkpoints."
+    args = PublishArguments(
+        output_dir=str(output_dir / HUB_FOLDER),
+        results_files=[str(results_file)],
+        hub_model_id=repo_id,
+        overwrite=training_args.overwrite,
+        training_summary=summary,
+        **card_args,
+    )
+    folder = publish(model, tokenizer, args, model_dir=model_dir)
+    push_to_hub(folder, repo_id, private=bool(training_args.hub_private_repo), token=training_args.hub_token)
+    return folder
+
+
 def run_training(
     model_args: ModelArguments, data_args: DataArguments, training_args: PaperTrainingArguments
 ) -> dict[str, float]:
     """Train (or resume), save the final model, tokenizer and generation config in ``output_dir``,
-    optionally average the last checkpoints, and evaluate on the validation and test splits.
+    optionally average the last checkpoints, evaluate on the validation and test splits, and with
+    ``--push_to_hub`` publish the model the scores describe (the averaged one, if any) through
+    :func:`publish_run` on the main process.
 
     Returns all metrics (``train_*``, ``eval_*``, ``test_*``, ``averaged_eval_*``, ...). Processes a
     launcher started that form no process group are refused first
-    (:func:`~hf_vanilla.launch_checks.check_process_group`).
+    (:func:`~hf_vanilla.launch_checks.check_process_group`), then everything
+    :func:`take_hub_push` checks.
     """
     check_process_group(training_args)
     resume = resolve_resume_checkpoint(
@@ -828,7 +945,9 @@ def run_training(
     )
     if resume is not None:
         logger.info("Resuming from %s", resume)
+        card_data_recorded_in(resume, training_args)  # unless given again
     check_averaging_is_possible(training_args, resume)
+    hub_repo = take_hub_push(training_args, data_args)  # before the Trainer exists: its own push stays off
     transformers.set_seed(training_args.seed)
 
     data = load_from_args(data_args)
@@ -836,6 +955,8 @@ def run_training(
         raise ValueError(
             f"No training split in the data (splits: {list(data)}); give --train_files or --demo."
         )
+    if hub_repo is not None and len(data.get("validation", ())) == 0:
+        raise ValueError(_NO_VALIDATION_TO_PUBLISH)
     tokenizer = load_or_train_tokenizer(  # given by path, else saved with the checkpoint or model, else new
         (model_args.tokenizer_name_or_path, resume, model_args.model_name_or_path),
         data,
@@ -877,8 +998,9 @@ def run_training(
     if training_args.do_eval:
         results.update(_evaluate_splits(trainer, eval_splits))
 
+    scored_dir = Path(training_args.output_dir)  # the model the final scores describe
     if training_args.average_last_n_checkpoints and training_args.do_train:
-        averaged_dir = Path(training_args.output_dir) / "averaged"
+        averaged_dir = scored_dir = Path(training_args.output_dir) / "averaged"
         if trainer.is_world_process_zero():
             average_last_checkpoints(  # this run's own folder: replaced when a resumed run ends again
                 training_args.output_dir,
@@ -890,4 +1012,7 @@ def run_training(
         averaged = AutoModelForSeq2SeqLM.from_pretrained(averaged_dir)
         averaged_trainer = _paper_trainer(averaged, training_args, tokenizer, None, eval_set)
         results.update(_evaluate_splits(averaged_trainer, eval_splits, prefix="averaged_"))
+
+    if hub_repo is not None and trainer.is_world_process_zero():
+        publish_run(scored_dir, tokenizer, data["validation"], data_args, training_args, hub_repo)
     return results

@@ -585,17 +585,60 @@ def test_run_cli_takes_any_argument_list(argv: list[str], traceback: bool) -> No
     assert seen == [argv]
 
 
-def test_train_push_to_hub_is_refused_in_one_line_before_any_work(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+PUSH = ("--push_to_hub", "--hub_model_id", "someone/x")
+CARD = (
+    "--dataset",
+    "custom",
+    "--dataset_id",
+    "pairs",
+    "--data_terms",
+    "CC BY 4.0",
+    "--weights_license",
+    "cc-by-4.0",
+)
+VALIDATION = ("--validation_files", "DATA")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--push_to_hub", "--dataset", "multi30k", *VALIDATION), "--push_to_hub needs --hub_model_id"),
+        ((*PUSH, *VALIDATION), "--dataset is required"),
+        ((*PUSH, "--dataset", "wmt14", *VALIDATION), "Unknown --dataset 'wmt14'"),
+        ((*PUSH, *CARD[:4], *VALIDATION), "--dataset custom needs --data_terms, --weights_license"),
+        ((*PUSH, *CARD), "this run has no validation split"),
+        ((*PUSH, *CARD, "--demo", "--demo_validation_size", "0"), "this run has no validation split"),
+        ((*PUSH, *CARD, *VALIDATION, "--do_train", "false"), "--do_train is false"),
+        ((*PUSH, *CARD, *VALIDATION, "--resume_from_checkpoint", "last"), "The Hub folder"),
+    ],
+    ids=["no repo", "no dataset", "unknown dataset", "custom without terms", "no validation", "demo without "
+         "validation", "no training", "resume over a Hub folder"],
+)  # fmt: skip
+def test_train_push_to_hub_is_checked_in_one_line_before_any_work(
+    extra: tuple[str, ...],
+    message: str,
+    world: World,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The Trainer's own push would upload --output_dir without the card: hf-vanilla-publish does it."""
-    status = script_main("train")(
-        ["--demo", "--push_to_hub", "--output_dir", str(tmp_path / "run"), "--use_cpu"]
-    )
-    error = capsys.readouterr().err.strip().splitlines()
-    assert status == 1 and len(error) == 1
-    assert (
-        error[0].startswith("error: hf-vanilla-train does not push to the Hub")
-        and "hf-vanilla-publish" in error[0]
-    )
-    assert not (tmp_path / "run").exists()
+    """The card's data, the repo, a validation split to score and a free ``<output_dir>/hub`` are checked
+    before the data is even loaded; nothing is written."""
+    run = tmp_path / "run"
+    if "--resume_from_checkpoint" in extra:  # a run whose earlier push failed: its Hub folder is kept
+        shutil.copytree(world.run, run)
+        _folder(run, "hub")
+    before = _snapshot(run) if run.exists() else None
+
+    def load_from_args(*args: Any) -> None:
+        raise AssertionError("the data was loaded before the push arguments were checked")
+
+    monkeypatch.setattr("hf_vanilla.training.load_from_args", load_from_args)
+    argv = _train_argv(world.data, world.model, run, *(str(world.data) if a == "DATA" else a for a in extra))
+    if "--demo" in extra:
+        argv = [a for a in argv if a not in ("--train_files", str(world.data))]
+    status = script_main("train")(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if line.startswith("error: ")]
+    assert status == 1 and errors == [err[-1]] and message in err[-1], err[-5:]
+    assert (_snapshot(run) if run.exists() else None) == before  # nothing written: no checkpoint, no folder

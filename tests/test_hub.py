@@ -10,9 +10,11 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 import torch
+import transformers
 from conftest import run_clean
 from huggingface_hub import ModelCard
 from huggingface_hub.errors import OfflineModeIsEnabled
+from test_model_folders import assert_self_contained
 
 from hf_vanilla.evaluation import write_results
 from hf_vanilla.hub import (
@@ -26,6 +28,7 @@ from hf_vanilla.hub import (
     render_model_card,
     save_for_hub,
 )
+from hf_vanilla.safe_loading import PICKLE_SUFFIXES
 from hf_vanilla.translate import DecodingOptions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -276,8 +279,9 @@ def test_publish_script_offline_push_fails_clearly_and_keeps_folder(
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(str(REPO / "scripts" / "publish.py"), run_name="__main__")
     assert exit_info.value.code == 1
-    err = capsys.readouterr().err
-    assert "offline mode is on" in err and f"The local folder {folder} is kept" in err
+    [error] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert "offline mode is on" in error and f"The local folder {folder} is kept" in error
+    assert f"hf-vanilla-publish --push_only --output_dir {folder} --push_to_hub" in error  # one line
     assert (folder / "README.md").is_file() and (folder / "model.safetensors").is_file()
 
 
@@ -294,3 +298,150 @@ def test_publish_argument_errors(model, tokenizer, tmp_path: Path) -> None:
     second = write_result_file(tmp_path / "b", DecodingOptions(length_penalty_type="gnmt"))
     with pytest.raises(ValueError, match="disagree on 'decoding'"):
         load_results([first, second])
+
+
+# --- the training push: hf-vanilla-train --push_to_hub -------------------------------------------------------
+
+CARD_ARGS = ["--dataset", "custom", "--dataset_id", "someone/pairs", "--data_terms", "CC BY 4.0, attribution"]
+CARD_ARGS += ["--weights_license", "cc-by-4.0"]
+
+
+def train_push_argv(tmp_path: Path, tokenizer, *extra: str) -> list[str]:
+    """A 2-step run of the tiny model that pushes to someone/x, with a validation split to score."""
+    if not (tmp_path / "tokenizer").is_dir():
+        tokenizer.save_pretrained(tmp_path / "tokenizer")
+        pairs = "".join(f"w{i} w{i + 1} w{i + 2}\tw{i + 2} w{i + 1} w{i}\n" for i in range(16))
+        (tmp_path / "data.tsv").write_text(pairs, encoding="utf-8")
+    data = str(tmp_path / "data.tsv")
+    return [
+        "--train_files", data, "--validation_files", data, "--source_lang", "en", "--target_lang", "de",
+        "--tokenizer_name_or_path", str(tmp_path / "tokenizer"),
+        "--d_model", "32", "--layers", "2", "--attention_heads", "4", "--ffn_dim", "64",
+        "--max_steps", "2", "--save_steps", "1", "--warmup_steps", "1", "--learning_rate", "1e-3",
+        "--per_device_train_batch_size", "4", "--eval_strategy", "no", "--do_eval", "false",
+        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--dataloader_num_workers", "0",
+        "--output_dir", str(tmp_path / "run"), "--push_to_hub", "--hub_model_id", "someone/x", *extra,
+    ]  # fmt: skip
+
+
+def train_main(argv: list[str]) -> int:
+    return runpy.run_path(str(REPO / "scripts" / "train.py"))["main"](argv)
+
+
+@pytest.fixture
+def no_trainer_push(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Trainer's own push (which creates the repo when the Trainer is built) must never run."""
+
+    def trainer_push(self, *args, **kwargs):
+        raise AssertionError("the Trainer's own push ran")
+
+    for name in ("init_hf_repo", "push_to_hub", "_push_from_checkpoint"):
+        monkeypatch.setattr(transformers.Trainer, name, trainer_push)
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """A Hub that records each upload: the repo, the folder and what it held at that moment."""
+    uploads: list[dict] = []
+
+    def create_repo(self, **kwargs):
+        return f"https://huggingface.co/{kwargs['repo_id']}"
+
+    def upload_folder(self, **kwargs):
+        folder = Path(kwargs["folder_path"])
+        files = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+        uploads.append({"repo_id": kwargs["repo_id"], "folder": folder, "files": files})
+        return huggingface_hub.CommitInfo(
+            commit_url=f"https://huggingface.co/{kwargs['repo_id']}/commit/abc",
+            commit_message="m",
+            commit_description="",
+            oid="abc",
+        )
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    return uploads
+
+
+def test_train_push_uploads_the_publish_folder_and_a_resumed_run_pushes_again(
+    tokenizer, tmp_path: Path, hub: list[dict], no_trainer_push: None
+) -> None:
+    run = tmp_path / "run"
+    assert train_main(train_push_argv(tmp_path, tokenizer, *CARD_ARGS)) == 0
+    [upload] = hub
+    assert upload["repo_id"] == "someone/x" and upload["folder"] == run / "hub"
+    files = upload["files"]
+    assert {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "modeling_vanilla_transformer.py",
+        "configuration_vanilla_transformer.py",
+        "pipeline_vanilla_transformer.py",
+        "tokenizer.json",
+        "README.md",
+    } <= set(files)
+    assert not [name for name in files if Path(name).suffix in PICKLE_SUFFIXES]
+    assert "AutoModelForSeq2SeqLM" in json.loads(files["config.json"])["auto_map"]
+    # The scores come from the run's own evaluation, written as hf-vanilla-evaluate writes it.
+    results = json.loads((run / "validation.results.json").read_text())
+    assert (results["split"], results["source_lang"], results["target_lang"]) == ("validation", "en", "de")
+    assert results["model"] == str(run) and results["decoding"] == DecodingOptions().to_dict()
+    assert (run / "validation.hyp.de").is_file()
+    card = ModelCard(files["README.md"].decode())
+    data = card.data.to_dict()
+    assert (data["license"], data["datasets"], data["language"]) == (
+        "cc-by-4.0",
+        ["someone/pairs"],
+        ["en", "de"],
+    )
+    bleu = {m["type"]: m["value"] for m in data["model-index"][0]["results"][0]["metrics"]}["bleu"]
+    assert bleu == round(results["bleu"], 2)
+    assert "CC BY 4.0, attribution" in card.text and "Trained for 2 optimizer steps" in card.text
+    recorded = json.loads((run / "training_args.json").read_text())
+    assert (recorded["dataset"], recorded["dataset_id"], recorded["weights_license"]) == (
+        "custom",
+        "someone/pairs",
+        "cc-by-4.0",
+    )
+    assert_self_contained(run / "hub", tmp_path)
+    # hf-vanilla-publish from the training output takes the card's data the run recorded.
+    publish_main = runpy.run_path(str(REPO / "scripts" / "publish.py"))["main"]
+    argv = ["--model_name_or_path", str(run), "--output_dir", str(tmp_path / "published")]
+    assert publish_main([*argv, "--results_files", str(run / "validation.results.json")]) == 0
+    assert ModelCard.load(tmp_path / "published" / "README.md").data.datasets == ["someone/pairs"]
+
+    # Resumed, the run names its data as recorded in the checkpoint, and replaces the Hub folder (--overwrite).
+    argv = train_push_argv(tmp_path, tokenizer, "--max_steps", "3", "--resume_from_checkpoint", "last")
+    assert train_main([*argv, "--overwrite"]) == 0
+    assert len(hub) == 2 and "Trained for 3 optimizer steps" in hub[1]["files"]["README.md"].decode()
+    assert ModelCard.load(run / "hub" / "README.md").data.license == "cc-by-4.0"
+
+
+def test_train_push_offline_is_one_line_and_keeps_the_folders(
+    tokenizer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    no_trainer_push: None,
+) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", _must_not_be_called)
+    argv = train_push_argv(tmp_path, tokenizer, *CARD_ARGS, "--average_last_n_checkpoints", "2")
+    assert train_main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line for line in err if line.startswith("error: ")] == [err[-1]]
+    run = tmp_path / "run"
+    retry = (
+        f"hf-vanilla-publish --push_only --output_dir {run / 'hub'} --push_to_hub --hub_model_id someone/x"
+    )
+    assert "offline mode is on" in err[-1] and retry in err[-1]
+    assert (run / "model.safetensors").is_file() and (run / "checkpoint-2").is_dir()
+    assert (run / "hub" / "README.md").is_file() and (run / "hub" / "model.safetensors").is_file()
+    # The card describes the averaged model, whose scores it shows.
+    results = json.loads((run / "validation.results.json").read_text())
+    assert results["model"] == str(run / "averaged")
+    assert json.loads((run / "hub" / "hub_metadata.json").read_text())["source_model"] == str(
+        run / "averaged"
+    )

@@ -28,10 +28,10 @@ from hf_vanilla.durability import refuse_to_replace
 from hf_vanilla.evaluation import (
     BLEU_TOKENIZERS,
     check_bleu_tokenize,
-    evaluate_translations,
+    evaluate_split_into,
     load_sacrebleu_test_set,
     parallel_columns,
-    write_results,
+    result_files,
 )
 from hf_vanilla.translate import DecodingOptions, ModelArguments, load_model_and_tokenizer
 
@@ -78,8 +78,7 @@ def _run(argv: list[str]) -> None:
     src, tgt = data_args.source_lang, data_args.target_lang
     split = test_set or eval_args.split
     output_dir = Path(eval_args.output_dir or Path(model_args.model_name_or_path) / "eval")
-    hypotheses_file, results_file = output_dir / f"{split}.hyp.{tgt}", output_dir / f"{split}.results.json"
-    for path in (hypotheses_file, results_file):  # before any work
+    for path in result_files(output_dir, split, tgt):  # before any work
         refuse_to_replace(path, eval_args.overwrite, "The evaluation output")
     if test_set:
         sources, references = load_sacrebleu_test_set(test_set, f"{src}-{tgt}")
@@ -91,25 +90,22 @@ def _run(argv: list[str]) -> None:
         sources, references = parallel_columns(data[split], src, tgt)
         dataset_name = data_args.dataset_name or "local files"
     model, tokenizer = load_model_and_tokenizer(model_args)
-    results = evaluate_translations(
+    results, path = evaluate_split_into(
+        output_dir,
         model,
         tokenizer,
         sources,
         references,
-        options=decoding,
-        batch_size=model_args.batch_size,
-        device=model_args.device,
-        hypotheses_file=hypotheses_file,
-        bleu_tokenize=eval_args.bleu_tokenize,
-    )
-    results.update(
         split=split,
         source_lang=src,
         target_lang=tgt,
-        model=model_args.model_name_or_path,
+        model_name=model_args.model_name_or_path,
         dataset_name=eval_args.dataset_display_name or dataset_name,
+        options=decoding,
+        batch_size=model_args.batch_size,
+        device=model_args.device,
+        bleu_tokenize=eval_args.bleu_tokenize,
     )
-    path = write_results(results, results_file)
     summary = {
         key: results[key]
         for key in ("bleu", "chrf", "decoding_seconds", "bleu_signature", "chrf_signature", "num_segments")

@@ -9,8 +9,15 @@
 Ctrl-C (or SIGTERM) saves a checkpoint of the current step and exits; a second Ctrl-C exits at once.
 A fresh run needs an empty or new --output_dir (--overwrite: a folder without checkpoints).
 
-Every option and its paper default: `hf-vanilla-train --help`. To publish, evaluate and run
-hf-vanilla-publish (--push_to_hub is refused here: the Trainer's push would carry no model card).
+With --push_to_hub --hub_model_id USER/NAME and the data the card names (--dataset multi30k, or custom
+with --dataset_id, --data_terms, --weights_license; checked before training, recorded in
+training_args.json), the run scores its final model (the averaged one with --average_last_n_checkpoints)
+on the validation split into OUTPUT_DIR/validation.results.json, writes OUTPUT_DIR/hub as
+hf-vanilla-publish does and pushes it; a failed push ends in one line naming the command to retry:
+
+    hf-vanilla-train ... --output_dir runs/base --push_to_hub --hub_model_id user/name --dataset multi30k
+
+Every option and its paper default: `hf-vanilla-train --help`.
 """
 
 from __future__ import annotations
@@ -30,14 +37,6 @@ def _run(argv: list[str]) -> None:
         epilog="An error ends in one line; --log_level debug shows its traceback.",
     )
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    if training_args.push_to_hub:  # before any work: the Trainer's push has neither our code files nor card
-        raise ValueError(
-            "hf-vanilla-train does not push to the Hub: the Trainer would upload --output_dir without the "
-            "model card, which needs measured scores and the data's terms. After training run hf-vanilla-evaluate, "
-            "then hf-vanilla-publish --model_name_or_path OUTPUT_DIR --results_files ... --dataset ... "
-            "--output_dir HUB_FOLDER --push_to_hub --hub_model_id USER/NAME (the same self-contained folder, "
-            "with the card)."
-        )
     setup_logging(training_args)
     run_training(model_args, data_args, training_args)
 
