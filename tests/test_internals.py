@@ -10,6 +10,8 @@ import torch
 import transformers
 from transformers import GenerationMixin, PreTrainedModel, Trainer
 from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hf_vanilla import VanillaTransformerForConditionalGeneration
 
@@ -52,6 +54,9 @@ CHECKS = {
     "Module._forward_hooks / _forward_pre_hooks / _backward_hooks / _backward_pre_hooks": lambda: all(
         isinstance(getattr(torch.nn.Linear(1, 1), name, None), dict)
         for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    ),
+    "ALL_ATTENTION_FUNCTIONS['sdpa'] is sdpa_attention_forward": lambda: (
+        ALL_ATTENTION_FUNCTIONS.get_interface("sdpa", None) is sdpa_attention_forward
     ),
     "DynamicLayer.keys / values / is_initialized / lazy_initialization": lambda: (
         _has(DynamicLayer, "lazy_initialization")
