@@ -151,10 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     bandwidths = [read_bandwidth()]  # sampled again after every case: the best is the machine's
     config, _ = build_configs(args.size)
     model = build_ours(config, args.seed).eval()
-    folder = Path(tempfile.mkdtemp(prefix="hf-vanilla-peers-"))
-    model.save_pretrained(folder / "hf")
-    word_tokenizer(config.vocab_size).save_pretrained(folder / "hf")
-    engines, sizes = build_engines(folder, model, args)
+    with tempfile.TemporaryDirectory(
+        prefix="hf-vanilla-peers-"
+    ) as tmp:  # ~1 GB; the engines keep what they load
+        folder = Path(tmp)
+        model.save_pretrained(folder / "hf")
+        word_tokenizer(config.vocab_size).save_pretrained(folder / "hf")
+        engines, sizes = build_engines(folder, model, args)
 
     generator = torch.Generator().manual_seed(args.seed + 2)
     rows = []
