@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import runpy
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import huggingface_hub
@@ -164,39 +165,6 @@ def hub_folder(model, tokenizer, tmp_path: Path) -> Path:
     return save_for_hub(model, tokenizer, tmp_path / "hub", card_for(model))
 
 
-def test_push_calls_create_repo_and_upload_folder(hub_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[str, dict]] = []
-
-    def create_repo(self, **kwargs):
-        calls.append(("create_repo", kwargs))
-        return f"https://huggingface.co/{kwargs['repo_id']}"
-
-    def upload_folder(self, **kwargs):
-        calls.append(("upload_folder", kwargs))
-        return huggingface_hub.CommitInfo(
-            commit_url=f"https://huggingface.co/{kwargs['repo_id']}/commit/abc",
-            commit_message="m",
-            commit_description="",
-            oid="abc",
-        )
-
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
-    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
-    url = push_to_hub(hub_folder, "someone/tiny-transformer", private=True)
-    assert url == "https://huggingface.co/someone/tiny-transformer/commit/abc"
-    assert [name for name, _ in calls] == ["create_repo", "upload_folder"]
-    assert calls[0][1] == {
-        "repo_id": "someone/tiny-transformer",
-        "repo_type": "model",
-        "private": True,
-        "exist_ok": True,
-    }
-    assert (
-        calls[1][1]["folder_path"] == str(hub_folder) and calls[1][1]["repo_id"] == "someone/tiny-transformer"
-    )
-
-
 def _must_not_be_called(self, **kwargs):
     raise AssertionError("no Hub call may happen in offline mode")
 
@@ -339,18 +307,27 @@ def no_trainer_push(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(transformers.Trainer, name, trainer_push)
 
 
+@dataclass
+class FakeHub:
+    """What the faked Hub was asked: each ``create_repo``'s arguments, and each upload's repo, folder and
+    the files the folder held at that moment."""
+
+    repos: list[dict] = field(default_factory=list)
+    uploads: list[dict] = field(default_factory=list)
+
+
 @pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
-    """A Hub that records each upload: the repo, the folder and what it held at that moment."""
-    uploads: list[dict] = []
+def hub(monkeypatch: pytest.MonkeyPatch) -> FakeHub:
+    fake = FakeHub()
 
     def create_repo(self, **kwargs):
+        fake.repos.append(kwargs)
         return f"https://huggingface.co/{kwargs['repo_id']}"
 
     def upload_folder(self, **kwargs):
         folder = Path(kwargs["folder_path"])
         files = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
-        uploads.append({"repo_id": kwargs["repo_id"], "folder": folder, "files": files})
+        fake.uploads.append({"repo_id": kwargs["repo_id"], "folder": folder, "files": files})
         return huggingface_hub.CommitInfo(
             commit_url=f"https://huggingface.co/{kwargs['repo_id']}/commit/abc",
             commit_message="m",
@@ -361,15 +338,25 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
-    return uploads
+    return fake
+
+
+def test_push_calls_create_repo_and_upload_folder(hub_folder: Path, hub: FakeHub) -> None:
+    url = push_to_hub(hub_folder, "someone/tiny-transformer", private=True)
+    assert url == "https://huggingface.co/someone/tiny-transformer/commit/abc"
+    assert hub.repos == [
+        {"repo_id": "someone/tiny-transformer", "repo_type": "model", "private": True, "exist_ok": True}
+    ]
+    [upload] = hub.uploads
+    assert upload["folder"] == hub_folder and upload["repo_id"] == "someone/tiny-transformer"
 
 
 def test_train_push_uploads_the_publish_folder_and_a_resumed_run_pushes_again(
-    tokenizer, tmp_path: Path, hub: list[dict], no_trainer_push: None
+    tokenizer, tmp_path: Path, hub: FakeHub, no_trainer_push: None
 ) -> None:
     run = tmp_path / "run"
     assert train_main(train_push_argv(tmp_path, tokenizer, *CARD_ARGS)) == 0
-    [upload] = hub
+    [upload] = hub.uploads
     assert upload["repo_id"] == "someone/x" and upload["folder"] == run / "hub"
     files = upload["files"]
     assert {
@@ -415,7 +402,10 @@ def test_train_push_uploads_the_publish_folder_and_a_resumed_run_pushes_again(
     # Resumed, the run names its data as recorded in the checkpoint, and replaces the Hub folder (--overwrite).
     argv = train_push_argv(tmp_path, tokenizer, "--max_steps", "3", "--resume_from_checkpoint", "last")
     assert train_main([*argv, "--overwrite"]) == 0
-    assert len(hub) == 2 and "Trained for 3 optimizer steps" in hub[1]["files"]["README.md"].decode()
+    assert (
+        len(hub.uploads) == 2
+        and "Trained for 3 optimizer steps" in hub.uploads[1]["files"]["README.md"].decode()
+    )
     assert ModelCard.load(run / "hub" / "README.md").data.license == "cc-by-4.0"
 
 
