@@ -321,6 +321,9 @@ class ResilientTrainerMixin:
       after a barrier the saving process adds ``checksums.sha256`` (``checkpoint_checksums``), renames
       the folder into ``output_dir`` (replacing a stale one of the same step left by an earlier,
       killed run) and only then deletes old checkpoints (``save_total_limit``).
+    * Inside a checkpoint, the model folder is written and checked (no pickle in it) before any Trainer
+      state: every process waits after the model is saved, so the others add their
+      ``rng_state_<rank>.pth`` only then, as one process adds ``rng_state.pth`` and ``optimizer.pt``.
     * ``save_model()`` into a folder (the final model) writes to a temporary folder and moves each
       file into place with an atomic ``os.replace``.
     * ``train(resume_from_checkpoint=...)`` runs :func:`verify_checkpoint` first, so a damaged or
@@ -393,6 +396,12 @@ class ResilientTrainerMixin:
         args = self.args  # type: ignore[attr-defined]
         if _internal_call or args.push_to_hub:  # a checkpoint (staged whole), or uploaded from output_dir
             super().save_model(output_dir, _internal_call=_internal_call)  # type: ignore[misc]
+            if _internal_call:
+                # The Trainer's _save_checkpoint goes on to the optimizer, scheduler and RNG states; under
+                # DDP a process other than the main one reaches _save_rng_state at once and would write
+                # rng_state_<rank>.pth into the folder while the main process still writes and checks
+                # the model there (hf_vanilla.training's _save refuses a model folder holding a pickle).
+                self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
             return
         target = Path(output_dir if output_dir is not None else args.output_dir)
         staged = target / f".save-{self.state.global_step}.tmp"  # type: ignore[attr-defined]

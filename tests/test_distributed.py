@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from transformers import AutoModelForSeq2SeqLM
 from hf_vanilla import VanillaTransformerForConditionalGeneration
 from hf_vanilla.demo_numbers import make_demo_splits
 from hf_vanilla.launch_checks import LaunchError, check_fsdp_honoured, check_process_group
+from hf_vanilla.safe_loading import PICKLE_SUFFIXES, verify_checkpoint, verify_model_folder
 from hf_vanilla.tokenization import train_tokenizer_from_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -331,6 +333,50 @@ def test_token_budget_batches_two_processes_match_one_process_with_accumulation(
     _check_two_ranks(double)
     _check_identical_ranks(double)
     _check_matches_one_process(double, single)
+
+
+@pytest.mark.slow
+def test_checkpoints_every_step_hold_each_ranks_rng_state_and_resume_to_the_same_weights(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """torchrun, 2 processes, dropout on (each rank draws its own masks), a checkpoint after every step:
+    each checkpoint holds ``rng_state_0.pth`` and ``rng_state_1.pth`` beside the model, and passes
+    ``verify_checkpoint``; the final model folder and the average of the last two checkpoints (§6.1)
+    hold no pickle. A run resumed from a copy of the
+    step-2 checkpoint ends with the weights of the run that never stopped, bit for bit, which it can
+    only if each rank got its own dropout RNG back."""
+    extra = [
+        "--max_tokens", "0", "--per_device_train_batch_size", "4", "--do_eval", "false", "--dropout", "0.1",
+        "--save_strategy", "steps", "--save_steps", "1",
+    ]  # fmt: skip
+    straight = Run(
+        tmp_path / "straight", "torchrun",
+        _train_args(tokenizer_dir, tmp_path / "straight" / "out", *extra, "--average_last_n_checkpoints", "2"),
+    ).wait()  # fmt: skip
+    _check_two_ranks(straight)
+    for step in (1, 2, 3, 4):
+        checkpoint = straight.out / f"checkpoint-{step}"
+        verify_checkpoint(checkpoint)  # the RNG states are plain tensor data, listed in the checksums
+        names = {p.name for p in checkpoint.iterdir()}
+        assert {"model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"} <= names
+        assert "rng_state.pth" not in names
+    for folder in (straight.out, straight.out / "averaged"):
+        assert [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES] == []
+        verify_model_folder(folder)
+
+    (tmp_path / "resumed" / "out").mkdir(parents=True)
+    shutil.copytree(straight.out / "checkpoint-2", tmp_path / "resumed" / "out" / "checkpoint-2")
+    resumed = Run(
+        tmp_path / "resumed", "torchrun",
+        _train_args(tokenizer_dir, tmp_path / "resumed" / "out", *extra, "--resume_from_checkpoint", "last"),
+    ).wait()  # fmt: skip
+    assert sorted(p.name for p in resumed.out.glob("checkpoint-*")) == [f"checkpoint-{s}" for s in (2, 3, 4)]
+    assert [p.name for p in resumed.out.iterdir() if p.suffix in PICKLE_SUFFIXES] == []
+    for rank in (0, 1):
+        final, again = straight.params(rank), resumed.params(rank)
+        assert again.keys() == final.keys()
+        for name, value in final.items():
+            assert torch.equal(again[name], value), (rank, name)
 
 
 # --------------------------------------------------------------------------------------------------

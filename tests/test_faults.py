@@ -34,6 +34,7 @@ from transformers import (
 )
 from transformers.trainer_utils import get_last_checkpoint
 
+from hf_vanilla import training
 from hf_vanilla.data import load_local_files
 from hf_vanilla.durability import (
     STAGING_DIR_NAME,
@@ -309,6 +310,41 @@ def test_a_crash_while_saving_leaves_no_half_written_checkpoint(
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-3"]
     assert get_last_checkpoint(str(out)).endswith("checkpoint-3")  # even the plain Trainer resumes right
     verify_checkpoint(out / "checkpoint-3")
+
+
+def test_every_process_waits_until_the_checkpoints_model_folder_is_checked(
+    tmp_path: Path, tokenizer: Any, data: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under DDP a process other than the main one saves no model and goes straight on to write its
+    ``rng_state_<rank>.pth`` into the checkpoint; were it not held at a barrier until the main process
+    has written and checked the model folder (which refuses any pickle in it), the check would find the
+    file and stop the run. One process, each step recorded in the order it happens."""
+    events: list[str] = []
+    trainer = _trainer(tmp_path / "out", tokenizer, data, max_steps=1, save_steps=1)
+
+    def recorded(name: str, function: Any, when: str = "done") -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if when == "begun":
+                events.append(name)
+            result = function(*args, **kwargs)
+            if when == "done":
+                events.append(name)
+            return result
+
+        return wrapper
+
+    monkeypatch.setattr(
+        training, "finish_model_folder", recorded("model checked", training.finish_model_folder)
+    )
+    monkeypatch.setattr(
+        trainer.accelerator, "wait_for_everyone", recorded("barrier", trainer.accelerator.wait_for_everyone)
+    )
+    for method in ("_save_optimizer_and_scheduler", "_save_rng_state"):
+        monkeypatch.setattr(trainer, method, recorded("trainer state", getattr(trainer, method), "begun"))
+    trainer.train()
+    checked, first_state = events.index("model checked"), events.index("trainer state")
+    assert checked < first_state and "barrier" in events[checked:first_state], events
+    assert (tmp_path / "out" / "checkpoint-1" / "rng_state.pth").is_file()
 
 
 def test_a_crash_while_saving_the_final_model_keeps_the_old_one(
