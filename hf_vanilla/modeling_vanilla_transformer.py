@@ -966,14 +966,16 @@ class _SourceLengthBound(LogitsProcessor):
     ) -> None:
         # (rows,) decoder length at which only </s> may follow: source length + offset tokens in all.
         self.limits = source_lengths + offset - 1 + start_length
+        # Before this decoder length no row is at its bound (read once here, not at every step).
+        self.first_limit = int(self.limits.min()) if self.limits.numel() else 0
         self.eos_token_id = eos_token_id
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[1] < self.first_limit:  # most steps: the scores stay as they are
+            return scores
         rows = input_ids.shape[0]
         limits = self.limits.to(input_ids.device).repeat_interleave(rows // self.limits.shape[0])
         done = input_ids.shape[1] >= limits  # (rows,)
-        if not done.any():  # most steps: no hypothesis is at its bound, and the scores stay as they are
-            return scores
         # </s> keeps its own score (beam search ranks the ended hypothesis by it); if another
         # processor banned it (e.g. min_new_tokens beyond the bound), the lowest finite score instead
         # of -inf, so the row never becomes all -inf (NaN after log-softmax).
