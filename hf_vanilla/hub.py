@@ -358,8 +358,10 @@ def push_to_hub(
     private: bool = False,
     token: str | None = None,
     commit_message: str = "Upload hf_vanilla Transformer",
+    revision: str | None = None,
 ) -> str:
-    """Create ``repo_id`` (if needed) and upload ``folder``; return the commit URL.
+    """Create ``repo_id`` (if needed) and upload ``folder`` to its main branch, or to the branch
+    ``revision`` (created from main if needed); return the commit URL.
 
     Raises:
         HubPushError: the Hub is unreachable (offline mode, no network), the token is missing or the
@@ -369,18 +371,25 @@ def push_to_hub(
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} is not a saved model folder: write it first with save_for_hub.")
+    branch = f" --hub_revision {revision}" if revision else ""
     later = (
         f"The local folder {folder} is kept. Push it later, when online and logged in (`hf auth login`), with "
-        f"`hf-vanilla-publish --push_only --output_dir {folder} --push_to_hub --hub_model_id {repo_id}` "
-        f"(or `hf upload {repo_id} {folder} .`)."
+        f"`hf-vanilla-publish --push_only --output_dir {folder} --push_to_hub --hub_model_id {repo_id}{branch}` "
+        f"(or `hf upload {repo_id} {folder} .{' --revision ' + revision if revision else ''}`)."
     )
     if huggingface_hub.constants.HF_HUB_OFFLINE:
         raise HubPushError(f"Not pushing to the Hub: offline mode is on (HF_HUB_OFFLINE=1). {later}")
     api = HfApi(token=token)
     try:
         api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
+        if revision:
+            api.create_branch(repo_id=repo_id, branch=revision, repo_type="model", exist_ok=True)
         commit = api.upload_folder(
-            repo_id=repo_id, folder_path=str(folder), repo_type="model", commit_message=commit_message
+            repo_id=repo_id,
+            folder_path=str(folder),
+            repo_type="model",
+            commit_message=commit_message,
+            revision=revision,
         )
     except _network_errors() as err:
         reason = " ".join(str(err).split())  # one line: HTTP errors carry the server's reply on more lines
@@ -450,6 +459,10 @@ class PublishArguments(DatasetCardArguments):
         default=None, metadata={"help": "Hub repo id, e.g. 'user/transformer-base-en-de'."}
     )
     private: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
+    hub_revision: str | None = field(
+        default=None,
+        metadata={"help": "Push to this branch of the repo (created if needed) instead of main."},
+    )
     push_only: bool = field(
         default=False, metadata={"help": "Push an already written --output_dir without rebuilding it."}
     )
@@ -594,5 +607,5 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
             f"--push_only: {folder} does not exist; write it first (run without --push_only)."
         )
     if args.push_to_hub:
-        push_to_hub(folder, args.hub_model_id, private=args.private)
+        push_to_hub(folder, args.hub_model_id, private=args.private, revision=args.hub_revision)
     return folder

@@ -58,7 +58,7 @@ from transformers import (
 from transformers.integrations import is_tensorboard_available
 from transformers.optimization import _get_inverse_sqrt_schedule_lr_lambda
 from transformers.trainer import TRAINING_ARGS_NAME
-from transformers.trainer_utils import EvalLoopOutput
+from transformers.trainer_utils import EvalLoopOutput, HubStrategy
 
 from hf_vanilla.averaging import average_last_checkpoints
 from hf_vanilla.batching import TokenBudgetSeq2SeqTrainer
@@ -857,14 +857,21 @@ def take_hub_push(training_args: PaperTrainingArguments, data_args: DataArgument
     The run then pushes through :func:`publish_run` (the folder and card of ``hf-vanilla-publish``), so the
     Trainer's own push, which would upload ``output_dir`` without the code files and card (and create the
     repo when the Trainer is built), is turned off here. Refused in one line: no ``--hub_model_id``, no or
-    incomplete card data (``--dataset``, as ``hf-vanilla-publish`` refuses it), no training, no validation
-    split to score, and an existing ``<output_dir>/hub`` without ``--overwrite``.
+    incomplete card data (``--dataset``, as ``hf-vanilla-publish`` refuses it), a ``--hub_strategy`` that
+    asks for checkpoint pushes, no training, no validation split to score, and an existing
+    ``<output_dir>/hub`` without ``--overwrite``. ``--hub_revision`` names the branch pushed to.
     """
     if not training_args.push_to_hub:
         return None
     if not training_args.hub_model_id:
         raise ValueError("--push_to_hub needs --hub_model_id (e.g. 'user/transformer-base-en-de').")
     dataset_card_from_args(training_args)
+    if training_args.hub_strategy in (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS):
+        raise ValueError(
+            f"--hub_strategy {training_args.hub_strategy.value}: hf-vanilla-train pushes once, when training ends "
+            "(the scored model with its card), never checkpoints; leave --hub_strategy out, and to share a "
+            "checkpoint upload its folder with `hf upload`."
+        )
     if not training_args.do_train:
         raise ValueError(
             "--push_to_hub publishes the model this run trains, and --do_train is false: publish a saved model "
@@ -922,7 +929,13 @@ def publish_run(
         **card_args,
     )
     folder = publish(model, tokenizer, args, model_dir=model_dir)
-    push_to_hub(folder, repo_id, private=bool(training_args.hub_private_repo), token=training_args.hub_token)
+    push_to_hub(
+        folder,
+        repo_id,
+        private=bool(training_args.hub_private_repo),
+        token=training_args.hub_token,
+        revision=training_args.hub_revision,
+    )
     return folder
 
 

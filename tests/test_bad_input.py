@@ -609,10 +609,11 @@ VALIDATION = ("--validation_files", "DATA")
         ((*PUSH, *CARD), "this run has no validation split"),
         ((*PUSH, *CARD, "--demo", "--demo_validation_size", "0"), "this run has no validation split"),
         ((*PUSH, *CARD, *VALIDATION, "--do_train", "false"), "--do_train is false"),
+        ((*PUSH, *CARD, *VALIDATION, "--hub_strategy", "checkpoint"), "pushes once, when training ends"),
         ((*PUSH, *CARD, *VALIDATION, "--resume_from_checkpoint", "last"), "The Hub folder"),
     ],
     ids=["no repo", "no dataset", "unknown dataset", "custom without terms", "no validation", "demo without "
-         "validation", "no training", "resume over a Hub folder"],
+         "validation", "no training", "checkpoint pushes", "resume over a Hub folder"],
 )  # fmt: skip
 def test_train_push_to_hub_is_checked_in_one_line_before_any_work(
     extra: tuple[str, ...],

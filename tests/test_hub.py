@@ -313,6 +313,7 @@ class FakeHub:
     the files the folder held at that moment."""
 
     repos: list[dict] = field(default_factory=list)
+    branches: list[dict] = field(default_factory=list)
     uploads: list[dict] = field(default_factory=list)
 
 
@@ -324,10 +325,20 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> FakeHub:
         fake.repos.append(kwargs)
         return f"https://huggingface.co/{kwargs['repo_id']}"
 
+    def create_branch(self, **kwargs):
+        fake.branches.append(kwargs)
+
     def upload_folder(self, **kwargs):
         folder = Path(kwargs["folder_path"])
         files = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
-        fake.uploads.append({"repo_id": kwargs["repo_id"], "folder": folder, "files": files})
+        fake.uploads.append(
+            {
+                "repo_id": kwargs["repo_id"],
+                "folder": folder,
+                "files": files,
+                "revision": kwargs.get("revision"),
+            }
+        )
         return huggingface_hub.CommitInfo(
             commit_url=f"https://huggingface.co/{kwargs['repo_id']}/commit/abc",
             commit_message="m",
@@ -337,6 +348,7 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> FakeHub:
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_branch", create_branch)
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
     return fake
 
@@ -349,15 +361,39 @@ def test_push_calls_create_repo_and_upload_folder(hub_folder: Path, hub: FakeHub
     ]
     [upload] = hub.uploads
     assert upload["folder"] == hub_folder and upload["repo_id"] == "someone/tiny-transformer"
+    assert upload["revision"] is None and hub.branches == []
+
+
+def test_push_to_a_branch_creates_it_and_uploads_there(hub_folder: Path, hub: FakeHub) -> None:
+    push_to_hub(hub_folder, "someone/tiny-transformer", revision="v2")
+    assert hub.branches == [
+        {"repo_id": "someone/tiny-transformer", "branch": "v2", "repo_type": "model", "exist_ok": True}
+    ]
+    assert [upload["revision"] for upload in hub.uploads] == ["v2"]
+
+
+def test_a_failed_push_to_a_branch_names_the_branch_in_the_retry_command(
+    hub_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(HubPushError) as failure:
+        push_to_hub(hub_folder, "someone/tiny-transformer", revision="v2")
+    message = str(failure.value)
+    assert "\n" not in message
+    assert (
+        f"--output_dir {hub_folder} --push_to_hub --hub_model_id someone/tiny-transformer --hub_revision v2"
+        in message
+    )
+    assert f"hf upload someone/tiny-transformer {hub_folder} . --revision v2" in message
 
 
 def test_train_push_uploads_the_publish_folder_and_a_resumed_run_pushes_again(
     tokenizer, tmp_path: Path, hub: FakeHub, no_trainer_push: None
 ) -> None:
     run = tmp_path / "run"
-    assert train_main(train_push_argv(tmp_path, tokenizer, *CARD_ARGS)) == 0
+    assert train_main(train_push_argv(tmp_path, tokenizer, *CARD_ARGS, "--hub_revision", "v2")) == 0
     [upload] = hub.uploads
-    assert upload["repo_id"] == "someone/x" and upload["folder"] == run / "hub"
+    assert upload["repo_id"] == "someone/x" and upload["folder"] == run / "hub" and upload["revision"] == "v2"
     files = upload["files"]
     assert {
         "model.safetensors",
