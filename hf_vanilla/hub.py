@@ -21,6 +21,7 @@ raises :class:`HubPushError`, whose message says that the local folder is kept a
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
 import json
@@ -33,11 +34,16 @@ from typing import Any
 import huggingface_hub
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
-from transformers.dynamic_module_utils import custom_object_save
+from transformers.dynamic_module_utils import custom_object_save, get_relative_imports
 
 from hf_vanilla.cli import OVERWRITE_HELP
+from hf_vanilla.configuration_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla.durability import atomic_directory, refuse_to_replace
-from hf_vanilla.modeling_vanilla_transformer import restored_auto_class_registration
+from hf_vanilla.modeling_vanilla_transformer import (
+    VanillaTransformerForConditionalGeneration,
+    VanillaTransformerModel,
+    restored_auto_class_registration,
+)
 from hf_vanilla.pipeline_vanilla_transformer import TASK as PIPELINE_TASK
 from hf_vanilla.pipeline_vanilla_transformer import VanillaTranslationPipeline
 from hf_vanilla.safe_loading import PICKLE_SUFFIXES
@@ -232,11 +238,24 @@ def render_model_card(
     )
 
 
+def _code_name(cls: type) -> str:
+    """``<code file>.<class>``, how ``config.json`` names a class whose code is in the model folder."""
+    return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+
+
+#: ``config.json``'s ``auto_map`` in every folder hf_vanilla writes: each Auto class → the hf_vanilla
+#: class it loads, whose code file is in the folder.
+AUTO_MAP = {
+    "AutoConfig": _code_name(VanillaTransformerConfig),
+    "AutoModel": _code_name(VanillaTransformerModel),
+    "AutoModelForSeq2SeqLM": _code_name(VanillaTransformerForConditionalGeneration),
+}
+
 #: ``config.json``'s entry that lets ``pipeline(TASK, model=folder, trust_remote_code=True)`` find the
 #: pipeline class in the folder (what ``Pipeline.save_pretrained`` writes for a registered pipeline).
 CUSTOM_PIPELINES = {
     PIPELINE_TASK: {
-        "impl": f"{VanillaTranslationPipeline.__module__.rsplit('.', 1)[-1]}.{VanillaTranslationPipeline.__name__}",
+        "impl": _code_name(VanillaTranslationPipeline),
         "pt": ["AutoModelForSeq2SeqLM"],
         "type": "text",
     }
@@ -318,7 +337,9 @@ def save_for_hub(
 
 
 def _check_folder(folder: Path, needed: Sequence[str] = ()) -> None:
-    """Fail loudly if the folder lacks a piece a user of the model needs, or holds a pickle."""
+    """Fail loudly if the folder lacks a piece a user of the model needs, holds a pickle, or maps an Auto
+    class to anything but hf_vanilla's class (:data:`AUTO_MAP`) defined in a code file of the folder whose
+    relative imports are there too."""
     needed = ["model.safetensors", "config.json", "generation_config.json", *needed]
     missing = [name for name in needed if not (folder / name).is_file()]
     pickles = sorted(path.name for path in folder.iterdir() if path.suffix in PICKLE_SUFFIXES)
@@ -327,17 +348,41 @@ def _check_folder(folder: Path, needed: Sequence[str] = ()) -> None:
             f"The model folder {folder} holds pickled files {pickles}: write them as safetensors/JSON."
         )
     auto_map = json.loads((folder / "config.json").read_text()).get("auto_map", {})
-    missing += [
-        f"auto_map[{key}]"
-        for key in ("AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM")
-        if key not in auto_map
-    ]
-    code = [*auto_map.values(), *(task["impl"] for task in CUSTOM_PIPELINES.values())]
-    missing += [
-        f"{entry.split('.')[0]}.py" for entry in code if not (folder / f"{entry.split('.')[0]}.py").is_file()
-    ]
+    missing += [f"auto_map[{key}]" for key in AUTO_MAP if key not in auto_map]
+    foreign = [f"{key} -> {value!r}" for key, value in auto_map.items() if AUTO_MAP.get(key) != value]
+    if foreign:
+        raise RuntimeError(
+            f"The model folder {folder} maps Auto classes to code that is not hf_vanilla's "
+            f"({', '.join(foreign)}; expected {AUTO_MAP}): it would not load where hf_vanilla is not installed."
+        )
+    undefined = []
+    for entry in [*auto_map.values(), *(task["impl"] for task in CUSTOM_PIPELINES.values())]:
+        module, name = entry.rsplit(".", 1)
+        code = folder / f"{module}.py"
+        if not code.is_file():
+            missing.append(code.name)
+            continue
+        missing += [
+            f"{imported}.py"
+            for imported in get_relative_imports(code)
+            if not (folder / f"{imported}.py").is_file()
+        ]
+        if name not in _defined_classes(code):
+            undefined.append(f"{name} in {code.name}")
     if missing:
-        raise RuntimeError(f"The model folder {folder} is incomplete, missing: {missing}.")
+        raise RuntimeError(
+            f"The model folder {folder} is incomplete, missing: {list(dict.fromkeys(missing))}."
+        )
+    if undefined:
+        raise RuntimeError(
+            f"The model folder {folder}'s code does not define the classes config.json names: {undefined}."
+        )
+
+
+def _defined_classes(code: Path) -> set[str]:
+    """The names of the classes a Python file defines at its top level."""
+    tree = ast.parse(code.read_text(encoding="utf-8"), filename=str(code))
+    return {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:

@@ -72,6 +72,7 @@ from transformers import (
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -526,22 +527,34 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = False
     _can_compile_fullgraph = True  # a static cache and torch.compile(fullgraph=True) decoding
 
-    def save_pretrained(self, save_directory: str | os.PathLike, *args: object, **kwargs: object) -> None:
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs: object
+    ) -> None:
         """``PreTrainedModel.save_pretrained``; after ``register_for_auto_class`` the saved
         ``auto_map`` names the config and *both* model classes (AutoConfig, AutoModel,
-        AutoModelForSeq2SeqLM), which live in this one self-contained file. The in-memory config
-        is left as it was."""
+        AutoModelForSeq2SeqLM), which live in this one self-contained file, and the folder holds this
+        file and its relative imports. The in-memory config is left as it was.
+
+        The code is this file's, whatever ``type(self)`` is: FSDP2's ``fully_shard`` swaps the model's
+        class for ``FSDP<Name>``, a subclass created in torch's ``_fsdp_init``, and transformers
+        (``custom_object_save``) would name that class and copy torch's files instead of this one."""
         if self._auto_class is None:
-            return super().save_pretrained(save_directory, *args, **kwargs)
-        module = type(self).__module__.rsplit(".", 1)[-1]
+            return super().save_pretrained(save_directory, is_main_process, **kwargs)
+        own = next(cls for cls in type(self).__mro__ if cls.__module__ == __name__)
+        module = __name__.rsplit(".", 1)[-1]
         with restored_auto_class_registration(self, "auto_map"):
             self.config.register_for_auto_class()  # AutoConfig; a class attribute
             self.config.auto_map = {
                 **(self.config.__dict__.get("auto_map") or {}),
                 "AutoModel": f"{module}.VanillaTransformerModel",
                 "AutoModelForSeq2SeqLM": f"{module}.VanillaTransformerForConditionalGeneration",
+                self._auto_class: f"{module}.{own.__name__}",
             }
-            return super().save_pretrained(save_directory, *args, **kwargs)
+            if self.should_save_on_this_rank(is_main_process):
+                os.makedirs(save_directory, exist_ok=True)
+                custom_object_save(own, save_directory)
+            type(self)._auto_class = None  # transformers would copy the file of type(self) too
+            return super().save_pretrained(save_directory, is_main_process, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
         """Deviation 1: N(0, d_model^-0.5) embeddings (and untied output projection), Xavier-uniform

@@ -27,6 +27,7 @@ from fsdp_worker import LEARNING_RATE, backward, build_model, build_optimizer
 from safetensors import safe_open
 from safetensors.torch import load_file
 from test_distributed import Run, _check_matches_one_process, _train_args, tokenizer_dir  # noqa: F401
+from test_model_folders import assert_self_contained
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_vanilla.safe_loading import verify_checkpoint
@@ -251,3 +252,16 @@ def test_train_script_fsdp_checkpoint_verifies_and_resumes_to_the_same_weights(
     loaded = AutoModelForSeq2SeqLM.from_pretrained(resumed.out)  # the final model, consolidated
     for name, value in loaded.state_dict().items():
         assert torch.equal(value, final[name]), name
+
+
+@pytest.mark.slow
+def test_train_script_fsdp_folders_load_without_hf_vanilla(
+    trainer_runs: dict[str, Run], tmp_path: Path
+) -> None:
+    """The final model and a checkpoint of the FSDP2 run name and hold hf_vanilla's code (FSDP2 swaps the
+    model's class for torch's ``FSDP<Name>``): they load with ``trust_remote_code=True`` where hf_vanilla
+    is not installed, as every model folder the project writes must (issue 13)."""
+    fsdp = trainer_runs["fsdp"]
+    for folder in (fsdp.out, fsdp.out / "checkpoint-2"):
+        assert not list(folder.glob("_fsdp_*.py")), folder
+        assert_self_contained(folder, tmp_path, checkpoint=folder.name.startswith("checkpoint-"))

@@ -16,6 +16,7 @@ from conftest import run_clean
 from huggingface_hub import ModelCard
 from huggingface_hub.errors import OfflineModeIsEnabled
 from test_model_folders import assert_self_contained
+from torch.distributed.fsdp._fully_shard import _fsdp_init
 
 from hf_vanilla.evaluation import write_results
 from hf_vanilla.hub import (
@@ -23,11 +24,13 @@ from hf_vanilla.hub import (
     HubPushError,
     PublishArguments,
     dataset_card_from_args,
+    finish_model_folder,
     load_results,
     publish,
     push_to_hub,
     render_model_card,
     save_for_hub,
+    save_model_folder,
 )
 from hf_vanilla.safe_loading import PICKLE_SUFFIXES
 from hf_vanilla.translate import DecodingOptions
@@ -124,6 +127,47 @@ def test_folder_has_everything_and_leaves_the_model_alone(model, tokenizer, tmp_
     model.save_pretrained(tmp_path / "plain")
     assert not (tmp_path / "plain" / "modeling_vanilla_transformer.py").exists()
     assert "auto_map" not in json.loads((tmp_path / "plain" / "config.json").read_text())
+
+
+def _break_folder(folder: Path, breakage: str) -> None:
+    """Turn a good model folder into one that would not load where hf_vanilla is not installed."""
+    config = json.loads((folder / "config.json").read_text())
+    if breakage == "fsdp2":  # what FSDP2 runs wrote: torch's class and file instead of hf_vanilla's
+        (folder / "_fsdp_init.py").write_text(Path(_fsdp_init.__file__).read_text())
+        config["auto_map"]["AutoModelForSeq2SeqLM"] = (
+            "_fsdp_init.FSDPVanillaTransformerForConditionalGeneration"
+        )
+    elif breakage == "relative import":
+        (folder / "fast_paths.py").unlink()
+    elif breakage == "class not in the file":
+        (folder / "modeling_vanilla_transformer.py").write_text("class VanillaTransformerModel:\n    pass\n")
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    ("breakage", "message"),
+    [
+        (
+            "fsdp2",
+            r"maps Auto classes to code that is not hf_vanilla's \(AutoModelForSeq2SeqLM -> '_fsdp_init\.",
+        ),
+        ("relative import", r"is incomplete, missing: \['fast_paths\.py'\]"),
+        (
+            "class not in the file",
+            r"does not define .*VanillaTransformerForConditionalGeneration in modeling_",
+        ),
+    ],
+)
+def test_folder_check_refuses_code_that_is_not_hf_vanillas(
+    model, tokenizer, tmp_path: Path, breakage: str, message: str
+) -> None:
+    """Every ``auto_map`` entry must name hf_vanilla's class, defined in a code file of the folder whose
+    relative imports are there too: one line naming what is wrong."""
+    folder = save_model_folder(model, tokenizer, tmp_path / "out")
+    _break_folder(folder, breakage)
+    with pytest.raises(RuntimeError, match=message) as error:
+        finish_model_folder(folder)
+    assert "\n" not in str(error.value)
 
 
 LOAD_WITHOUT_HF_VANILLA = r"""

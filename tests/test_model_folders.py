@@ -17,12 +17,14 @@ import torch
 from conftest import run_clean, tiny_model
 from huggingface_hub import ModelCard
 from test_convert import marian, save_with_side_files
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard import _fsdp_init
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, pipeline
 
 import hf_vanilla
 from hf_vanilla.averaging import average_checkpoints
 from hf_vanilla.convert import convert
-from hf_vanilla.hub import MULTI30K, render_model_card, save_for_hub
+from hf_vanilla.hub import MULTI30K, render_model_card, save_for_hub, save_model_folder
 from hf_vanilla.safe_loading import PICKLE_SUFFIXES
 from hf_vanilla.training import PaperSeq2SeqTrainer, PaperTrainingArguments
 from hf_vanilla.translate import DecodingOptions
@@ -46,10 +48,12 @@ print(json.dumps({"module": type(model).__module__, "ids": ids.tolist(), "texts"
 """
 
 
-def assert_self_contained(folder: Path, tmp_path: Path) -> dict:
-    """The clean-process load of ``folder``; returns what it printed. Checks no pickle, no warning."""
+def assert_self_contained(folder: Path, tmp_path: Path, checkpoint: bool = False) -> dict:
+    """The clean-process load of ``folder``; returns what it printed. Checks no pickle (a Trainer
+    ``checkpoint`` excepted: its resume state is the Trainer's, checked by ``verify_checkpoint``), no
+    warning."""
     pickles = [path.name for path in folder.iterdir() if path.suffix in PICKLE_SUFFIXES]
-    assert not pickles, f"pickled files in {folder}: {pickles}"
+    assert checkpoint or not pickles, f"pickled files in {folder}: {pickles}"
     result = run_clean(LOAD, tmp_path, str(folder), json.dumps(SENTENCES))
     assert "Do you wish to run the custom code" not in result.stdout + result.stderr
     assert not re.search(r"warn|You are using a model of type", result.stderr, re.IGNORECASE), result.stderr
@@ -110,6 +114,45 @@ def test_trainer_output_and_averaged_model_are_self_contained(tmp_path: Path, to
     assert remote["max_length"] == 64
     averaged = average_checkpoints([tmp_path / "run-0", saved], tmp_path / "averaged")
     assert_self_contained(averaged, tmp_path)
+
+
+def shard_class_as_fsdp2_does(model: torch.nn.Module) -> None:
+    """Give ``model`` the class ``torch.distributed.fsdp.fully_shard`` gives every module it shards, without
+    a process group: ``FSDP<Name>``, a subclass of ``FSDPModule`` and the model's class, created in
+    torch's ``_fsdp_init`` (its ``_apply_to_module``), so that the class's module is torch's file."""
+    cls = type(model)
+    model.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {"__module__": _fsdp_init.__name__})
+
+
+@pytest.mark.parametrize("writer", ["save_model_folder", "trainer"])
+def test_folder_of_an_fsdp2_sharded_model_names_and_holds_the_hf_vanilla_code(
+    tmp_path: Path, tokenizer, writer: str
+) -> None:
+    """Under FSDP2 the model's class is torch's ``FSDPVanillaTransformerForConditionalGeneration``: the
+    folder must still name and hold hf_vanilla's classes, not torch's ``_fsdp_*.py`` files."""
+    model, folder = tiny_model(), tmp_path / "out"
+    if writer == "trainer":
+        trainer = _trainer(model, tokenizer, folder)  # before the swap: FSDPModule.to() needs FSDP's state
+        shard_class_as_fsdp2_does(model)
+        trainer.save_model()
+    else:
+        shard_class_as_fsdp2_does(model)
+        save_model_folder(model, tokenizer, folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
+        "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
+        "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
+    }
+    assert config["architectures"] == ["VanillaTransformerForConditionalGeneration"]
+    assert sorted(path.name for path in folder.glob("*.py")) == [
+        "configuration_vanilla_transformer.py",
+        "fast_paths.py",
+        "modeling_vanilla_transformer.py",
+        "pipeline_vanilla_transformer.py",
+    ]
+    assert type(model)._auto_class is None and getattr(model.config, "auto_map", None) is None
+    assert_self_contained(folder, tmp_path)
 
 
 def test_converted_model_is_self_contained_and_its_card_runs(tmp_path: Path, tokenizer) -> None:
