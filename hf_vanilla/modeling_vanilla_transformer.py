@@ -527,20 +527,22 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = False
     _can_compile_fullgraph = True  # a static cache and torch.compile(fullgraph=True) decoding
 
-    def save_pretrained(
-        self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs: object
-    ) -> None:
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: object, **kwargs: object) -> None:
         """``PreTrainedModel.save_pretrained``; after ``register_for_auto_class`` the saved
         ``auto_map`` names the config and *both* model classes (AutoConfig, AutoModel,
         AutoModelForSeq2SeqLM), which live in this one self-contained file, and the folder holds this
         file and its relative imports. The in-memory config is left as it was.
 
-        The code is this file's, whatever ``type(self)`` is: FSDP2's ``fully_shard`` swaps the model's
-        class for ``FSDP<Name>``, a subclass created in torch's ``_fsdp_init``, and transformers
-        (``custom_object_save``) would name that class and copy torch's files instead of this one."""
-        if self._auto_class is None:
-            return super().save_pretrained(save_directory, is_main_process, **kwargs)
-        own = next(cls for cls in type(self).__mro__ if cls.__module__ == __name__)
+        Under FSDP2 the folder still holds this file: ``fully_shard`` swaps the model's class for
+        ``FSDP<Name>``, a subclass created in torch's ``_fsdp_init``, whose file transformers
+        (``custom_object_save``) would copy and name instead; this file is then added after the save.
+        A user's own subclass is saved the way transformers saves any registered class (its file).
+        """
+        own = type(self)
+        if own.__module__.startswith("torch.distributed.fsdp"):  # FSDP2's class: the one it wraps
+            own = next(cls for cls in own.__mro__ if not cls.__module__.startswith("torch.distributed.fsdp"))
+        if self._auto_class is None or own.__module__ != __name__:
+            return super().save_pretrained(save_directory, *args, **kwargs)
         module = __name__.rsplit(".", 1)[-1]
         with restored_auto_class_registration(self, "auto_map"):
             self.config.register_for_auto_class()  # AutoConfig; a class attribute
@@ -550,11 +552,18 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
                 "AutoModelForSeq2SeqLM": f"{module}.VanillaTransformerForConditionalGeneration",
                 self._auto_class: f"{module}.{own.__name__}",
             }
-            if self.should_save_on_this_rank(is_main_process):
-                os.makedirs(save_directory, exist_ok=True)
+            if own is type(self):  # transformers copies this file (and uploads it with push_to_hub)
+                return super().save_pretrained(save_directory, *args, **kwargs)
+            if kwargs.get("push_to_hub"):
+                raise ValueError(
+                    "save_pretrained(push_to_hub=True) of an FSDP2-sharded model would upload the folder before "
+                    "its code file is added: save it, then push the folder (hf upload REPO FOLDER .)."
+                )
+            type(self)._auto_class = None  # not torch's _fsdp_init.py: this file is added below
+            super().save_pretrained(save_directory, *args, **kwargs)
+            is_main_process = args[0] if args else kwargs.get("is_main_process", True)
+            if self.should_save_on_this_rank(bool(is_main_process)):
                 custom_object_save(own, save_directory)
-            type(self)._auto_class = None  # transformers would copy the file of type(self) too
-            return super().save_pretrained(save_directory, is_main_process, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
         """Deviation 1: N(0, d_model^-0.5) embeddings (and untied output projection), Xavier-uniform

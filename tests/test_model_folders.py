@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +21,13 @@ from huggingface_hub import ModelCard
 from test_convert import marian, save_with_side_files
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard import _fsdp_init
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, pipeline
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    modeling_utils,
+    pipeline,
+)
 
 import hf_vanilla
 from hf_vanilla.averaging import average_checkpoints
@@ -153,6 +161,58 @@ def test_folder_of_an_fsdp2_sharded_model_names_and_holds_the_hf_vanilla_code(
     ]
     assert type(model)._auto_class is None and getattr(model.config, "auto_map", None) is None
     assert_self_contained(folder, tmp_path)
+
+
+def test_save_pretrained_with_push_to_hub_uploads_the_code_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers uploads the files written or changed after it looked at the folder: the code files
+    must be among them, or the pushed repo's auto_map names files the repo does not hold."""
+    uploaded: list[str] = []
+
+    class Hub:
+        def create_repo(self, repo_id: str, **kwargs: object) -> SimpleNamespace:
+            return SimpleNamespace(repo_id=repo_id)
+
+    def upload_modified_files(self, working_dir, repo_id, files_timestamps, **kwargs) -> None:
+        for path in Path(working_dir).iterdir():
+            if path.name not in files_timestamps or path.stat().st_mtime > files_timestamps[path.name]:
+                uploaded.append(path.name)
+
+    monkeypatch.setattr(modeling_utils, "hf_api", Hub)
+    monkeypatch.setattr(modeling_utils.PreTrainedModel, "_upload_modified_files", upload_modified_files)
+    model = tiny_model()
+    model.register_for_auto_class("AutoModelForSeq2SeqLM")
+    try:
+        model.save_pretrained(tmp_path / "out", push_to_hub=True, repo_id="someone/x")
+    finally:
+        type(model)._auto_class = None
+    assert {"config.json", "model.safetensors", "modeling_vanilla_transformer.py", "fast_paths.py"} <= set(
+        uploaded
+    )
+    assert "configuration_vanilla_transformer.py" in uploaded
+
+
+def test_a_users_subclass_is_saved_as_transformers_saves_any_class(tmp_path: Path) -> None:
+    """Only FSDP2's generated class is looked through: a user's registered subclass keeps its own name
+    in auto_map (transformers' behaviour), never silently the hf_vanilla class it extends."""
+    (tmp_path / "my_model.py").write_text(
+        "from hf_vanilla import VanillaTransformerForConditionalGeneration\n\n\n"
+        "class MyModel(VanillaTransformerForConditionalGeneration):\n    pass\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from my_model import MyModel
+
+        model = MyModel(tiny_model().config)
+        MyModel.register_for_auto_class("AutoModelForSeq2SeqLM")
+        model.save_pretrained(tmp_path / "out")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_model", None)
+    auto_map = json.loads((tmp_path / "out" / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoModelForSeq2SeqLM"] == "my_model.MyModel"
+    assert (tmp_path / "out" / "my_model.py").is_file()
 
 
 def test_converted_model_is_self_contained_and_its_card_runs(tmp_path: Path, tokenizer) -> None:
