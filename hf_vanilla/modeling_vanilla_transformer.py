@@ -989,7 +989,7 @@ class _SourceLengthBound(LogitsProcessor):
         # (rows,) decoder length at which only </s> may follow: source length + offset tokens in all.
         self.limits = source_lengths + offset - 1 + start_length
         # Before this decoder length no row is at its bound (read once here, not at every step).
-        self.first_limit = int(self.limits.min()) if self.limits.numel() else 0
+        self.first_limit = int(self.limits.min())
         self.eos_token_id = eos_token_id
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -1281,10 +1281,12 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         ):
             kwargs["decoder_attention_mask"] = torch.ones_like(decoder_input_ids)
         source = inputs if inputs is not None else kwargs.get("input_ids")
+        encoder_outputs = kwargs.get("encoder_outputs")
+        if source is None and encoder_outputs is not None:
+            source = encoder_outputs[0]  # (B, S, D) encoder states given instead of the source
         if isinstance(source, torch.Tensor) and source.shape[0] == 0:
             raise ValueError(
-                "generate() got an empty batch (input_ids of shape "
-                f"{tuple(source.shape)}): give at least one sentence."
+                f"generate() got an empty batch (shape {tuple(source.shape)}): give at least one sentence."
             )
         configs = [config for config in (generation_config, self.generation_config) if config is not None]
         offset = _first_set("max_length_offset", kwargs, configs)

@@ -25,6 +25,7 @@ import torch
 from conftest import tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
+from transformers.modeling_outputs import BaseModelOutput
 
 from hf_vanilla.cli import run_cli
 from hf_vanilla.demo import main as demo_main
@@ -405,6 +406,12 @@ def test_bad_input_ends_in_one_line_and_loses_nothing(
 API_CASES: dict[str, tuple[Callable[[], Any], str]] = {
     "generate() on an empty batch": (
         lambda: tiny_model().generate(input_ids=torch.zeros(0, 5, dtype=torch.long)),
+        "empty batch",
+    ),
+    "generate() on empty encoder outputs": (
+        lambda: tiny_model().generate(
+            encoder_outputs=BaseModelOutput(last_hidden_state=torch.zeros(0, 5, 32))
+        ),
         "empty batch",
     ),
     "labels above the vocabulary": (
