@@ -6,9 +6,10 @@ were written at 10-minute intervals. For the big models, we averaged the last 20
 :func:`average_checkpoints` takes the element-wise mean of the parameters of several Trainer
 checkpoints (``checkpoint-<step>`` folders) and writes an ordinary model folder that
 ``AutoModelForSeq2SeqLM.from_pretrained`` loads: ``config.json``, ``model.safetensors``,
-``generation_config.json`` (from the newest checkpoint) and the tokenizer files when the checkpoint
-has them. Weights are read from safetensors files only (never unpickled). The averaged state is
-loaded into a model built from the newest checkpoint and written with ``save_pretrained``, so tied
+``generation_config.json`` (from the newest checkpoint), and the tokenizer files and the run's
+``training_args.json`` when the checkpoint has them. Weights are read from safetensors files only
+(never unpickled). The averaged state is loaded into a model built from the newest checkpoint and
+written with ``save_pretrained``, so tied
 weights (the shared embedding / pre-softmax matrix of §3.4) are stored exactly as the model stores
 them.
 """
@@ -26,7 +27,7 @@ from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
 from hf_vanilla.durability import atomic_directory, refuse_to_replace
-from hf_vanilla.hub import save_model_folder
+from hf_vanilla.hub import TRAINING_ARGS_JSON, save_model_folder
 from hf_vanilla.safe_loading import checkpoint_step, verify_safetensors_file
 
 logger = logging.getLogger(__name__)
@@ -201,6 +202,8 @@ def average_checkpoints(
                 copied.append(name)
         if not copied:
             logger.warning("%s has no tokenizer files; the averaged model folder has none either.", newest)
+        if (newest / TRAINING_ARGS_JSON).is_file():  # the run's arguments: the card's data among them
+            shutil.copy2(newest / TRAINING_ARGS_JSON, staged / TRAINING_ARGS_JSON)
         (staged / "averaged_checkpoints.json").write_text(
             json.dumps({"averaged_checkpoints": [str(p) for p in paths]}, indent=2) + "\n", encoding="utf-8"
         )

@@ -400,13 +400,14 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 def push_to_hub(
     folder: str | Path,
     repo_id: str,
-    private: bool = False,
+    private: bool | None = None,
     token: str | None = None,
     commit_message: str = "Upload hf_vanilla Transformer",
     revision: str | None = None,
 ) -> str:
-    """Create ``repo_id`` (if needed) and upload ``folder`` to its main branch, or to the branch
-    ``revision`` (created from main if needed); return the commit URL.
+    """Create ``repo_id`` (if needed; ``private=None``: the owner's default visibility) and upload
+    ``folder`` to its main branch, or to the branch ``revision`` (created from main if needed; a pull
+    request's ``refs/pr/N`` is used as it is); return the commit URL.
 
     Raises:
         HubPushError: the Hub is unreachable (offline mode, no network), the token is missing or the
@@ -416,21 +417,25 @@ def push_to_hub(
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} is not a saved model folder: write it first with save_for_hub.")
-    branch = f" --hub_revision {revision}" if revision else ""
+    options = f" --hub_revision {revision}" if revision else ""
+    upload_options = f" --revision {revision}" if revision else ""
+    if private:
+        options, upload_options = options + " --private", upload_options + " --private"
     later = (
         f"The local folder {folder} is kept. Push it later, when online and logged in (`hf auth login`), with "
-        f"`hf-vanilla-publish --push_only --output_dir {folder} --push_to_hub --hub_model_id {repo_id}{branch}` "
-        f"(or `hf upload {repo_id} {folder} .{' --revision ' + revision if revision else ''}`)."
+        f"`hf-vanilla-publish --push_only --output_dir {folder} --push_to_hub --hub_model_id {repo_id}{options}` "
+        f"(or `hf upload {repo_id} {folder} .{upload_options}`)."
     )
     if huggingface_hub.constants.HF_HUB_OFFLINE:
         raise HubPushError(f"Not pushing to the Hub: offline mode is on (HF_HUB_OFFLINE=1). {later}")
     api = HfApi(token=token)
     try:
-        api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
-        if revision:
-            api.create_branch(repo_id=repo_id, branch=revision, repo_type="model", exist_ok=True)
+        # The full id: a bare name is created under the logged-in user.
+        full_id = api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True).repo_id
+        if revision and not revision.startswith("refs/pr/"):
+            api.create_branch(repo_id=full_id, branch=revision, repo_type="model", exist_ok=True)
         commit = api.upload_folder(
-            repo_id=repo_id,
+            repo_id=full_id,
             folder_path=str(folder),
             repo_type="model",
             commit_message=commit_message,
@@ -503,7 +508,10 @@ class PublishArguments(DatasetCardArguments):
     hub_model_id: str | None = field(
         default=None, metadata={"help": "Hub repo id, e.g. 'user/transformer-base-en-de'."}
     )
-    private: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
+    private: bool = field(
+        default=False,
+        metadata={"help": "Create the Hub repo as private (without it: the owner's default visibility)."},
+    )
     hub_revision: str | None = field(
         default=None,
         metadata={"help": "Push to this branch of the repo (created if needed) instead of main."},
@@ -554,22 +562,22 @@ def dataset_card_from_args(args: DatasetCardArguments) -> DatasetCard:
     )
 
 
-def card_data_recorded_in(folder: str | Path, args: DatasetCardArguments) -> bool:
+def card_data_recorded_in(folder: str | Path, args: DatasetCardArguments) -> None:
     """Without ``--dataset`` in ``args``, take the card's data fields recorded by the training run in
-    ``folder`` (its ``training_args.json``, as a checkpoint or the training output holds it). Returns
-    whether they were taken; ``args`` is left alone when it names a dataset or nothing is recorded."""
+    ``folder`` (its ``training_args.json``, as a checkpoint or the training output holds it), each
+    unless given in ``args``; ``args`` is left alone when it names a dataset or nothing is recorded."""
     recorded = Path(folder) / TRAINING_ARGS_JSON
     if args.dataset is not None or not recorded.is_file():
-        return False
+        return
     values = json.loads(recorded.read_text(encoding="utf-8"))
     if values.get("dataset") is None:
-        return False
+        return
     for card_field in fields(DatasetCardArguments):
-        setattr(args, card_field.name, values.get(card_field.name))
+        if getattr(args, card_field.name) is None:
+            setattr(args, card_field.name, values.get(card_field.name))
     logger.info(
         "The model card's data, as the training run recorded it in %s: --dataset %s", recorded, args.dataset
     )
-    return True
 
 
 def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
@@ -652,5 +660,5 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
             f"--push_only: {folder} does not exist; write it first (run without --push_only)."
         )
     if args.push_to_hub:
-        push_to_hub(folder, args.hub_model_id, private=args.private, revision=args.hub_revision)
+        push_to_hub(folder, args.hub_model_id, private=args.private or None, revision=args.hub_revision)
     return folder

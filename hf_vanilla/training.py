@@ -847,7 +847,7 @@ def _has_validation_split(data_args: DataArguments) -> bool:
 
 _NO_VALIDATION_TO_PUBLISH = (
     "--push_to_hub puts the trained model's validation BLEU on the model card, and this run has no validation "
-    "split: give --validation_files (or a dataset with a validation split)."
+    "split: give --validation_files (or a dataset with a validation split), and no --max_eval_samples 0."
 )
 
 
@@ -932,7 +932,7 @@ def publish_run(
     push_to_hub(
         folder,
         repo_id,
-        private=bool(training_args.hub_private_repo),
+        private=training_args.hub_private_repo,
         token=training_args.hub_token,
         revision=training_args.hub_revision,
     )

@@ -23,6 +23,7 @@ from hf_vanilla.hub import (
     MULTI30K,
     HubPushError,
     PublishArguments,
+    card_data_recorded_in,
     dataset_card_from_args,
     finish_model_folder,
     load_results,
@@ -285,6 +286,7 @@ def test_publish_script_offline_push_fails_clearly_and_keeps_folder(
         "someone/tiny",
         "--dataset",
         "multi30k",
+        "--private",
     ]
     monkeypatch.setattr(sys, "argv", argv)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
@@ -294,6 +296,7 @@ def test_publish_script_offline_push_fails_clearly_and_keeps_folder(
     [error] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert "offline mode is on" in error and f"The local folder {folder} is kept" in error
     assert f"hf-vanilla-publish --push_only --output_dir {folder} --push_to_hub" in error  # one line
+    assert error.count("--private") == 2  # the retry commands keep the repo private
     assert (folder / "README.md").is_file() and (folder / "model.safetensors").is_file()
 
 
@@ -367,7 +370,8 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> FakeHub:
 
     def create_repo(self, **kwargs):
         fake.repos.append(kwargs)
-        return f"https://huggingface.co/{kwargs['repo_id']}"
+        name = kwargs["repo_id"]
+        return huggingface_hub.RepoUrl(f"https://huggingface.co/{name if '/' in name else 'me/' + name}")
 
     def create_branch(self, **kwargs):
         fake.branches.append(kwargs)
@@ -408,27 +412,40 @@ def test_push_calls_create_repo_and_upload_folder(hub_folder: Path, hub: FakeHub
     assert upload["revision"] is None and hub.branches == []
 
 
+def test_push_keeps_the_owners_default_visibility_and_resolves_a_bare_name(
+    hub_folder: Path, hub: FakeHub
+) -> None:
+    """No ``private``: ``create_repo`` gets None (the owner's default, e.g. an organisation's private
+    repos), never False; a name without an owner is created under the logged-in user and uploaded there."""
+    push_to_hub(hub_folder, "tiny-transformer")
+    assert [repo["private"] for repo in hub.repos] == [None]
+    assert [upload["repo_id"] for upload in hub.uploads] == ["me/tiny-transformer"]
+
+
 def test_push_to_a_branch_creates_it_and_uploads_there(hub_folder: Path, hub: FakeHub) -> None:
     push_to_hub(hub_folder, "someone/tiny-transformer", revision="v2")
     assert hub.branches == [
         {"repo_id": "someone/tiny-transformer", "branch": "v2", "repo_type": "model", "exist_ok": True}
     ]
     assert [upload["revision"] for upload in hub.uploads] == ["v2"]
+    push_to_hub(hub_folder, "someone/tiny-transformer", revision="refs/pr/3")  # a pull request: no branch
+    assert len(hub.branches) == 1 and hub.uploads[-1]["revision"] == "refs/pr/3"
 
 
-def test_a_failed_push_to_a_branch_names_the_branch_in_the_retry_command(
+def test_a_failed_private_push_to_a_branch_names_both_in_the_retry_command(
     hub_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Retrying with the printed command must not create a public repo or push to main."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(HubPushError) as failure:
-        push_to_hub(hub_folder, "someone/tiny-transformer", revision="v2")
+        push_to_hub(hub_folder, "someone/tiny-transformer", private=True, revision="v2")
     message = str(failure.value)
     assert "\n" not in message
     assert (
         f"--output_dir {hub_folder} --push_to_hub --hub_model_id someone/tiny-transformer --hub_revision v2"
-        in message
+        " --private" in message
     )
-    assert f"hf upload someone/tiny-transformer {hub_folder} . --revision v2" in message
+    assert f"hf upload someone/tiny-transformer {hub_folder} . --revision v2 --private" in message
 
 
 def test_train_push_uploads_the_publish_folder_and_a_resumed_run_pushes_again(
@@ -438,6 +455,7 @@ def test_train_push_uploads_the_publish_folder_and_a_resumed_run_pushes_again(
     assert train_main(train_push_argv(tmp_path, tokenizer, *CARD_ARGS, "--hub_revision", "v2")) == 0
     [upload] = hub.uploads
     assert upload["repo_id"] == "someone/x" and upload["folder"] == run / "hub" and upload["revision"] == "v2"
+    assert [repo["private"] for repo in hub.repos] == [None]  # no --hub_private_repo: the owner's default
     files = upload["files"]
     assert {
         "model.safetensors",
@@ -515,3 +533,7 @@ def test_train_push_offline_is_one_line_and_keeps_the_folders(
     assert json.loads((run / "hub" / "hub_metadata.json").read_text())["source_model"] == str(
         run / "averaged"
     )
+    # The averaged folder keeps the run's record, so hf-vanilla-publish on it finds the card's data.
+    args = PublishArguments(output_dir=str(tmp_path / "republish"))
+    card_data_recorded_in(run / "averaged", args)
+    assert (args.dataset, args.dataset_id) == ("custom", "someone/pairs")
