@@ -99,22 +99,25 @@ def test_card_needs_measured_scores(model) -> None:
 # --- the folder ------------------------------------------------------------------------------------------
 
 
+#: What a Hub folder holds, whichever command wrote it (hf-vanilla-publish, hf-vanilla-train --push_to_hub).
+HUB_FOLDER_FILES = {
+    "model.safetensors",
+    "config.json",
+    "generation_config.json",
+    "modeling_vanilla_transformer.py",
+    "configuration_vanilla_transformer.py",
+    "fast_paths.py",
+    "pipeline_vanilla_transformer.py",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "README.md",
+    "hub_metadata.json",
+}
+
+
 def test_folder_has_everything_and_leaves_the_model_alone(model, tokenizer, tmp_path: Path) -> None:
     folder = save_for_hub(model, tokenizer, tmp_path / "hub", card_for(model), metadata={"results": [RESULT]})
-    names = {p.name for p in folder.iterdir()}
-    assert {
-        "model.safetensors",
-        "config.json",
-        "generation_config.json",
-        "modeling_vanilla_transformer.py",
-        "configuration_vanilla_transformer.py",
-        "fast_paths.py",
-        "pipeline_vanilla_transformer.py",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "README.md",
-        "hub_metadata.json",
-    } <= names
+    assert {p.name for p in folder.iterdir()} >= HUB_FOLDER_FILES
     config = json.loads((folder / "config.json").read_text())
     assert config["auto_map"] == {
         "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
@@ -457,16 +460,7 @@ def test_train_push_uploads_the_publish_folder_and_a_resumed_run_pushes_again(
     assert upload["repo_id"] == "someone/x" and upload["folder"] == run / "hub" and upload["revision"] == "v2"
     assert [repo["private"] for repo in hub.repos] == [None]  # no --hub_private_repo: the owner's default
     files = upload["files"]
-    assert {
-        "model.safetensors",
-        "config.json",
-        "generation_config.json",
-        "modeling_vanilla_transformer.py",
-        "configuration_vanilla_transformer.py",
-        "pipeline_vanilla_transformer.py",
-        "tokenizer.json",
-        "README.md",
-    } <= set(files)
+    assert set(files) >= HUB_FOLDER_FILES
     assert not [name for name in files if Path(name).suffix in PICKLE_SUFFIXES]
     assert "AutoModelForSeq2SeqLM" in json.loads(files["config.json"])["auto_map"]
     # The scores come from the run's own evaluation, written as hf-vanilla-evaluate writes it.
