@@ -65,10 +65,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         memory_child(args)
         return
     cases = {c.strip() for c in args.cases.split(",") if c.strip()}
-    unknown = cases - {"train", "generate", "linear", "memory", "multi30k", "compiled"}
+    unknown = cases - {"train", "generate", "linear", "memory", "multi30k", "compiled", "peers"}
     if unknown:
         raise ValueError(
-            f"Unknown --cases {sorted(unknown)}: choose from train, generate, linear, memory, multi30k, compiled."
+            f"Unknown --cases {sorted(unknown)}: choose from train, generate, linear, memory, multi30k, compiled, "
+            "peers."
         )
     if args.multi30k is not None:
         cases.add("multi30k")
@@ -125,6 +126,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"[{c['speedup_range'][0]:.2f}–{c['speedup_range'][1]:.2f}], compiled in {c['compile_seconds']:.0f} s",
                 flush=True,
             )
+    peers = None
+    if "peers" in cases:  # CTranslate2 (an optional dependency) and the quantized routes: peers.py
+        from peers import PeerArguments, run
+
+        options = {"size": args.size, "batch_size": args.batch_size, "source_length": args.source_length}
+        options |= {"new_tokens": new_tokens, "repeats": repeats, "warmup": args.warmup, "seed": args.seed}
+        peers = run(PeerArguments(threads=torch.get_num_threads(), **options))
     multi30k = run_multi30k(ours, marian, ours_config, args) if "multi30k" in cases else None
     memory = run_memory(args) if "memory" in cases else None
     # The machine may be shared: measure the peak and the bandwidth again at the end, keep the best.
@@ -157,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "floor_bytes": floor_bytes,
                     "multi30k": multi30k,
                     "compiled": compiled,
+                    "peers": peers,
                 },
                 handle,
                 indent=1,

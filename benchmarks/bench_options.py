@@ -18,7 +18,8 @@ class BenchArguments:
         default="train,generate,linear,memory",
         metadata={
             "help": "Comma-separated subset of: train, generate, linear, memory, multi30k, compiled "
-            "(hf_vanilla with a static cache and torch.compile against itself eager; off by default)."
+            "(hf_vanilla with a static cache and torch.compile against itself eager; off by default), peers "
+            "(CTranslate2 fp32/int8 and the quantized routes, benchmarks/peers.py; off by default)."
         },
     )
     repeats: int | None = field(

@@ -18,6 +18,7 @@ fp32 engines; for int8 engines a quarter of the projection bytes is shown beside
 
     python benchmarks/peers.py                        # base size, 2 threads, 3 timed rounds
     python benchmarks/peers.py --size tiny --repeats 1 --new_tokens 4   # plumbing check, seconds
+    python benchmarks/bench.py --cases generate,peers  # the same, after bench.py's Marian cases
 """
 
 from __future__ import annotations
@@ -143,8 +144,9 @@ def make_call(
     return run
 
 
-def main(argv: list[str] | None = None) -> int:
-    (args,) = HfArgumentParser(PeerArguments).parse_args_into_dataclasses(args=argv)
+def run(args: PeerArguments) -> dict[str, Any]:
+    """Measure every engine on every case, print the table, and return the report (also what
+    ``bench.py --cases peers`` embeds in its own)."""
     torch.set_num_threads(args.threads)
     machine = machine_description()
     print(f"# {machine['cpu']} ({machine['simd']}), {args.threads} threads; {machine['uptime']}", flush=True)
@@ -217,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         f"floor {floor_ms:.2f} ms (int8 weights: {floor_ms / 4:.2f} ms). Greedy batch 1 over its floor: "
         + ", ".join(f"{n} {v:.2f}×" for n, v in report["greedy_batch1_over_floor"].items())
     )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    (args,) = HfArgumentParser(PeerArguments).parse_args_into_dataclasses(args=argv)
+    report = run(args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -32,7 +32,13 @@ def _run(script: str, tmp_path: Path, *args: str) -> dict:
 @pytest.mark.slow
 def test_bench_runs_every_case_against_marian_at_tiny_size(tmp_path: Path) -> None:
     report = _run(
-        "bench.py", tmp_path, "--size", "tiny", "--quick", "--cases", "train,generate,linear,memory,compiled"
+        "bench.py",
+        tmp_path,
+        "--size",
+        "tiny",
+        "--quick",
+        "--cases",
+        "train,generate,linear,memory,compiled,peers",
     )
     assert report["check"]["same_beam_output"] and report["check"]["max_abs_logit_diff"] < 1e-3
     cases = [row["case"] for row in report["rows"]]
@@ -40,6 +46,8 @@ def test_bench_runs_every_case_against_marian_at_tiny_size(tmp_path: Path) -> No
     assert sum(case.startswith("generate") for case in cases) >= 4
     assert all(min(row["ratio"]) > 0 for row in report["rows"])
     assert report["memory"] and report["compiled"]
+    assert [row["case"] for row in report["peers"]["rows"]][-1] == "beam 4, batch 32"
+    assert "ct2 int8" in report["peers"]["rows"][-1]["ms_per_step"]
 
 
 @pytest.mark.slow
