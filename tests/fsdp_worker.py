@@ -157,6 +157,7 @@ def main() -> None:
             )
             if rank == 0:  # gathered copies re-tied, so the shared matrix is written once
                 model.save_pretrained(folder, state_dict=tie_state_dict(model, full))
+            dist.barrier()  # as the Trainer does around a checkpoint: no rank trains on while one writes
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
