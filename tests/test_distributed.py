@@ -379,6 +379,40 @@ def test_checkpoints_every_step_hold_each_ranks_rng_state_and_resume_to_the_same
             assert torch.equal(again[name], value), (rank, name)
 
 
+@pytest.mark.slow
+def test_training_push_under_ddp_writes_one_hub_folder_and_fails_offline_in_one_line(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """torchrun, 2 processes, ``--push_to_hub`` offline: only the main process scores, writes
+    ``OUTPUT_DIR/hub`` and tries the push; the run ends in exactly one ``error:`` line naming the retry
+    command, with the trained model, the results and the Hub folder kept."""
+    card = [
+        "--dataset",
+        "custom",
+        "--dataset_id",
+        "pairs",
+        "--data_terms",
+        "CC BY 4.0",
+        "--weights_license",
+        "cc-by-4.0",
+    ]
+    extra = ["--max_tokens", "0", "--per_device_train_batch_size", "4", "--do_eval", "false"]
+    run = Run(
+        tmp_path, "torchrun",
+        _train_args(tokenizer_dir, tmp_path / "out", *extra, "--push_to_hub", "--hub_model_id", "someone/x", *card),
+    )  # fmt: skip
+    run.log = run.process.communicate(timeout=900)[0]
+    assert run.process.returncode != 0
+    errors = [line for line in run.log.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "offline mode is on" in errors[0], run.log[-4000:]
+    assert f"hf-vanilla-publish --push_only --output_dir {run.out / 'hub'}" in errors[0]
+    assert (run.out / "model.safetensors").is_file() and (run.out / "validation.results.json").is_file()
+    assert {"README.md", "model.safetensors", "modeling_vanilla_transformer.py"} <= {
+        p.name for p in (run.out / "hub").iterdir()
+    }
+    assert [p.name for p in run.out.iterdir() if p.name.startswith(".")] == []  # no staged folder left
+
+
 # --------------------------------------------------------------------------------------------------
 # Accelerate config files
 # --------------------------------------------------------------------------------------------------
