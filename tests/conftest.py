@@ -22,6 +22,18 @@ from hf_vanilla import VanillaTransformerConfig, VanillaTransformerForConditiona
 # with each other on a shared 2-core machine).
 torch.set_num_threads(1)
 
+#: The model card's data as a training push or hf-vanilla-publish takes it (custom data, its terms, a licence).
+CARD_ARGS = (
+    "--dataset",
+    "custom",
+    "--dataset_id",
+    "pairs",
+    "--data_terms",
+    "CC BY 4.0",
+    "--weights_license",
+    "cc-by-4.0",
+)
+
 TINY = {
     "vocab_size": 100,
     "d_model": 32,

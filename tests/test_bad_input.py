@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import CARD_ARGS, tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 from transformers.modeling_outputs import BaseModelOutput
@@ -593,16 +593,6 @@ def test_run_cli_takes_any_argument_list(argv: list[str], traceback: bool) -> No
 
 
 PUSH = ("--push_to_hub", "--hub_model_id", "someone/x")
-CARD = (
-    "--dataset",
-    "custom",
-    "--dataset_id",
-    "pairs",
-    "--data_terms",
-    "CC BY 4.0",
-    "--weights_license",
-    "cc-by-4.0",
-)
 VALIDATION = ("--validation_files", "DATA")
 
 
@@ -612,12 +602,12 @@ VALIDATION = ("--validation_files", "DATA")
         (("--push_to_hub", "--dataset", "multi30k", *VALIDATION), "--push_to_hub needs --hub_model_id"),
         ((*PUSH, *VALIDATION), "--dataset is required"),
         ((*PUSH, "--dataset", "wmt14", *VALIDATION), "Unknown --dataset 'wmt14'"),
-        ((*PUSH, *CARD[:4], *VALIDATION), "--dataset custom needs --data_terms, --weights_license"),
-        ((*PUSH, *CARD), "this run has no validation split"),
-        ((*PUSH, *CARD, "--demo", "--demo_validation_size", "0"), "this run has no validation split"),
-        ((*PUSH, *CARD, *VALIDATION, "--do_train", "false"), "--do_train is false"),
-        ((*PUSH, *CARD, *VALIDATION, "--hub_strategy", "checkpoint"), "pushes once, when training ends"),
-        ((*PUSH, *CARD, *VALIDATION, "--resume_from_checkpoint", "last"), "The Hub folder"),
+        ((*PUSH, *CARD_ARGS[:4], *VALIDATION), "--dataset custom needs --data_terms, --weights_license"),
+        ((*PUSH, *CARD_ARGS), "this run has no validation split"),
+        ((*PUSH, *CARD_ARGS, "--demo", "--demo_validation_size", "0"), "this run has no validation split"),
+        ((*PUSH, *CARD_ARGS, *VALIDATION, "--do_train", "false"), "--do_train is false"),
+        ((*PUSH, *CARD_ARGS, *VALIDATION, "--hub_strategy", "checkpoint"), "pushes once, when training ends"),
+        ((*PUSH, *CARD_ARGS, *VALIDATION, "--resume_from_checkpoint", "last"), "The Hub folder"),
     ],
     ids=["no repo", "no dataset", "unknown dataset", "custom without terms", "no validation", "demo without "
          "validation", "no training", "checkpoint pushes", "resume over a Hub folder"],

@@ -25,7 +25,7 @@ import pytest
 import torch
 import yaml
 from accelerate.utils import DistributedType
-from conftest import tiny_model
+from conftest import CARD_ARGS, tiny_model
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
@@ -386,20 +386,10 @@ def test_training_push_under_ddp_writes_one_hub_folder_and_fails_offline_in_one_
     """torchrun, 2 processes, ``--push_to_hub`` offline: only the main process scores, writes
     ``OUTPUT_DIR/hub`` and tries the push; the run ends in exactly one ``error:`` line naming the retry
     command, with the trained model, the results and the Hub folder kept."""
-    card = [
-        "--dataset",
-        "custom",
-        "--dataset_id",
-        "pairs",
-        "--data_terms",
-        "CC BY 4.0",
-        "--weights_license",
-        "cc-by-4.0",
-    ]
     extra = ["--max_tokens", "0", "--per_device_train_batch_size", "4", "--do_eval", "false"]
     run = Run(
         tmp_path, "torchrun",
-        _train_args(tokenizer_dir, tmp_path / "out", *extra, "--push_to_hub", "--hub_model_id", "someone/x", *card),
+        _train_args(tokenizer_dir, tmp_path / "out", *extra, "--push_to_hub", "--hub_model_id", "someone/x", *CARD_ARGS),
     )  # fmt: skip
     run.log = run.process.communicate(timeout=900)[0]
     assert run.process.returncode != 0
