@@ -41,7 +41,7 @@ from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, Offl
 from transformers import AutoConfig, FSMTForConditionalGeneration, MarianMTModel, PreTrainedModel
 
 from hf_vanilla.cli import OVERWRITE_HELP
-from hf_vanilla.configuration_vanilla_transformer import _ACTIVATIONS, VanillaTransformerConfig
+from hf_vanilla.configuration_vanilla_transformer import ACTIVATIONS, VanillaTransformerConfig
 from hf_vanilla.durability import atomic_directory, refuse_to_replace
 from hf_vanilla.hub import save_model_folder
 from hf_vanilla.modeling_vanilla_transformer import (
@@ -123,9 +123,9 @@ def _check_flags(config: object) -> None:
                 f"post-LN Transformer with fixed sinusoidal positions); it supports only `{name}={supported}`."
             )
     activation = config.activation_function
-    if activation not in _ACTIVATIONS:
+    if activation not in ACTIVATIONS:
         raise ConversionError(
-            f"The checkpoint's activation function {activation!r} is not one hf_vanilla supports {_ACTIVATIONS}."
+            f"The checkpoint's activation function {activation!r} is not one hf_vanilla supports {ACTIVATIONS}."
         )
     for name in ("encoder_layerdrop", "decoder_layerdrop"):
         if getattr(config, name, 0.0):

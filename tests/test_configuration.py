@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
 from transformers import AutoConfig
 from transformers.utils import logging as hf_logging
 
@@ -109,7 +110,6 @@ def test_save_load_and_auto_config(tmp_path) -> None:
         ({"attention_dropout": -0.1}, "attention_dropout"),
         ({"activation_dropout": 1.5}, "activation_dropout"),
         ({"label_smoothing": 1.0}, "label_smoothing"),
-        ({"activation_function": "tanhh"}, "activation_function"),
         ({"vocab_size": 10, "pad_token_id": 10}, "pad_token_id"),
         ({"vocab_size": 10, "eos_token_id": 12}, "eos_token_id"),
         ({"vocab_size": 10, "bos_token_id": -1}, "bos_token_id"),
@@ -120,6 +120,35 @@ def test_save_load_and_auto_config(tmp_path) -> None:
 def test_invalid_configurations_name_the_field(overrides: dict, field: str) -> None:
     with pytest.raises(ValueError, match=f"`{field}`"):
         VanillaTransformerConfig(**overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"activation_function": "tanhh"}, "activation_function"),
+        ({"position_encoding_layout": "diagonal"}, "position_encoding_layout"),
+        ({"position_encoding_timescales": "t5"}, "position_encoding_timescales"),
+        ({"d_model": "512"}, "d_model"),
+        ({"dropout": None}, "dropout"),
+    ],
+)
+def test_types_and_choices_are_checked_by_strict_validation(overrides: dict, field: str) -> None:
+    """transformers' ``@strict`` dataclass validation (as for Marian) names the field; choices are ``Literal``."""
+    with pytest.raises(StrictDataclassFieldValidationError, match=f"field '{field}'"):
+        VanillaTransformerConfig(**overrides)
+
+
+def test_invalid_changes_are_refused_on_save(tmp_path) -> None:
+    """Assignment checks the type at once; ranges are checked again when the config is saved."""
+    config = VanillaTransformerConfig(vocab_size=100, d_model=32)
+    with pytest.raises(StrictDataclassFieldValidationError, match="field 'encoder_layers'"):
+        config.encoder_layers = "2"
+    config.encoder_layers = 0
+    with pytest.raises(
+        StrictDataclassClassValidationError, match="`encoder_layers` must be a positive integer"
+    ):
+        config.save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()
 
 
 def test_head_divisibility_error_suggests_a_fix() -> None:
@@ -172,3 +201,22 @@ def test_config_json_saved_before_typed_fields_loads_unchanged(name: str, tmp_pa
     assert {k: v for k, v in again.items() if k != "transformers_version"} == {
         k: v for k, v in saved.items() if k != "transformers_version"
     }
+
+
+def test_a_config_json_of_the_wrong_type_is_one_line_in_the_commands(
+    tmp_path, model, tokenizer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hand-edited ``config.json`` with a field of the wrong type ends a command in one ``error:`` line."""
+    from hf_vanilla.cli.translate import main as translate_main
+
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    config_file = tmp_path / "model" / "config.json"
+    config_file.write_text(config_file.read_text().replace('"d_model": 32', '"d_model": "32"'))
+    (tmp_path / "source.txt").write_text("w1 w2\n")
+    status = translate_main(
+        ["--model_name_or_path", str(tmp_path / "model"), "--input_file", str(tmp_path / "source.txt")]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1
+    assert err[-1].startswith("error: ") and "'d_model'" in err[-1] and "expected int" in err[-1]

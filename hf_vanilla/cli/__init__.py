@@ -41,7 +41,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.errors import HfHubHTTPError, StrictDataclassError
 from transformers import HfArgumentParser
 
 logger = logging.getLogger(__name__)
@@ -57,8 +57,15 @@ OVERWRITE_HELP = (
 DEBUG_EPILOG = "An error ends in one line; --debug shows its traceback."
 #: Exceptions that describe bad input (their message says what to do), not a bug in hf_vanilla.
 #: ``ValueError`` covers ``UnicodeDecodeError``, ``json.JSONDecodeError`` and the checkpoint checks;
-#: ``OSError`` missing, existing or unreadable files and Hub download failures.
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError, HfHubHTTPError)
+#: ``OSError`` missing, existing or unreadable files and Hub download failures; ``StrictDataclassError`` a
+#: config field of the wrong type or choice (transformers' ``@strict`` config validation).
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    OSError,
+    ImportError,
+    HfHubHTTPError,
+    StrictDataclassError,
+)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -110,6 +117,6 @@ def run_cli(
     except USER_ERRORS as err:
         if debug:
             raise
-        print(f"error: {err}", file=sys.stderr)
+        print("error:", " ".join(str(err).split()), file=sys.stderr)  # one line, also for multi-line messages
         return 1
     return 0
