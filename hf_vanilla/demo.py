@@ -195,7 +195,7 @@ def _training_arguments(args: DemoArguments, output_dir: Path) -> PaperTrainingA
         seed=args.seed,
         max_steps=args.max_steps,
         max_tokens=args.max_tokens,
-        # Clipped at norm 1 (HF's default), as in the measured runs of the README; the paper recipe
+        # Clipped at norm 1 (HF's default), as in the measured runs of docs/demo.md; the paper recipe
         # does not clip and the demo has not been re-measured without it.
         max_grad_norm=1.0,
         warmup_steps=args.warmup_steps,

@@ -1,7 +1,7 @@
 """Refuse launches a training run cannot honour, before it writes anything.
 
 Measured with torch 2.13, transformers 5.24 and accelerate 1.15 on a machine without GPUs, each of
-these used to exit 0 having done something else than was asked (README, "Scaling"):
+these used to exit 0 having done something else than was asked (docs/scaling.md):
 
 * ``torchrun`` or ``accelerate launch`` (with a multi-process config) without ``--use_cpu``: each
   process finds no GPU, sets up no process group and trains alone — N unconnected single-process runs

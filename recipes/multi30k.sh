@@ -25,7 +25,7 @@
 #   5. (outside the budget) the same evaluation of the last single checkpoint, for comparison.
 # Measured, run 3 (2026-12-01, commit c8de35a, these defaults): 50 min 53 s in all, validation BLEU
 # 39.50 averaged (38.59 last checkpoint), chrF 59.35. Runs 1 and 2 (2026-11-29, 38.11 and 39.22) clipped
-# gradients at norm 1.0 and decoded with early_stopping=True (the defaults before issue 12). README,
+# gradients at norm 1.0 and decoded with early_stopping=True (the defaults before issue 12). docs/recipe.md,
 # "Real data", has the tables and the early-stopping comparison.
 set -euo pipefail
 

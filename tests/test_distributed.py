@@ -301,7 +301,7 @@ def test_launch_without_use_cpu_on_a_cpu_machine_is_refused(tmp_path: Path, toke
 @pytest.mark.parametrize(
     "launcher, extra",
     [
-        ("accelerate-fsdp", []),  # configs/accelerate/fsdp.yaml, as the README shows it, with --use_cpu
+        ("accelerate-fsdp", []),  # configs/accelerate/fsdp.yaml, as docs/scaling.md shows it, with --use_cpu
         pytest.param(
             "torchrun",
             ["--fsdp", "full_shard auto_wrap", "--fsdp_config", json.dumps({"version": 2})],

@@ -323,7 +323,7 @@ EXPECTED_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def _sdpa_difference(ours: dict, marian: dict) -> None:
-    """README: hf_vanilla returns real attention weights under SDPA (that call runs the eager
+    """docs/paper.md: hf_vanilla returns real attention weights under SDPA (that call runs the eager
     kernel); Marian returns none there and warns."""
     assert all(ours.values()) and not any(marian.values())
     ours.clear(), marian.clear()

@@ -1,6 +1,6 @@
 """transformers' own signal checkpointing (``TrainingArguments.enable_jit_checkpoint``) next to
-:class:`hf_vanilla.durability.SaveOnSignalCallback`: the differences the README names, pinned here so
-that the README is revisited when transformers closes them."""
+:class:`hf_vanilla.durability.SaveOnSignalCallback`: the differences docs/reliability.md names, pinned here
+so that the page is revisited when transformers closes them."""
 
 from __future__ import annotations
 

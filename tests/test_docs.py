@@ -1,0 +1,191 @@
+"""The documentation cannot rot: every Python snippet of README.md and docs/*.md runs, every relative
+link points to a file (and heading) that exists, and CI runs exactly the README's test command.
+
+Snippets run in this process, each in a fresh namespace, in a temporary working directory that holds a
+tiny model folder ``demo_output`` (what README command 1 writes), offline. A snippet that needs what a
+test cannot have (the Hub, a GPU) is marked in the Markdown by ``<!-- skip-test: REASON -->`` on the line
+before its fence, and listed in :data:`SKIPPED` below with that reason. Bash blocks are not run.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from transformers import dynamic_module_utils
+
+from hf_vanilla.hub import save_model_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+#: Snippets that are not run, by (page, first code line): the reason the page's skip-test marker gives.
+SKIPPED: dict[tuple[str, str], str] = {
+    ("docs/hub.md", "from transformers import pipeline"): "needs the Hub",
+}
+
+FENCE = re.compile(r"^```(\w*)\s*$")
+SKIP_MARKER = re.compile(r"^<!--\s*skip-test:\s*(.+?)\s*-->$")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+@dataclass(frozen=True)
+class Snippet:
+    page: str  # relative to the repository root
+    line: int  # of the opening fence, 1-based
+    code: str
+    skip: str | None  # the skip-test marker's reason
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def fenced_blocks(markdown: str) -> list[tuple[str, int, str, str | None]]:
+    """(language, line of the opening fence, code, skip reason) of every fenced block."""
+    lines = markdown.splitlines()
+    blocks = []
+    start = language = None
+    for number, line in enumerate(lines, 1):
+        match = FENCE.match(line)
+        if start is None and match:
+            start, language = number, match.group(1)
+        elif start is not None and line.rstrip() == "```":
+            previous = next((text.strip() for text in reversed(lines[: start - 1]) if text.strip()), "")
+            marker = SKIP_MARKER.match(previous)
+            blocks.append(
+                (language, start, "\n".join(lines[start : number - 1]) + "\n", marker and marker.group(1))
+            )
+            start = None
+    assert start is None, f"a code fence opened at line {start} is never closed"
+    return blocks
+
+
+def snippets(page: Path) -> list[Snippet]:
+    name = page.relative_to(ROOT).as_posix()
+    return [
+        Snippet(name, line, code, skip)
+        for language, line, code, skip in fenced_blocks(page.read_text(encoding="utf-8"))
+        if language == "python"
+    ]
+
+
+ALL_SNIPPETS = [snippet for page in PAGES for snippet in snippets(page)]
+
+
+def first_code_line(code: str) -> str:
+    return next(line for line in code.splitlines() if line.strip() and not line.startswith("#"))
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link keeps its text
+    text = unicodedata.normalize("NFC", text.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    found: set[str] = set()
+    counts: dict[str, int] = {}
+    in_code = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and (heading := re.match(r"^#{1,6} (.+)$", line)):
+            base = slug(heading.group(1))
+            found.add(base if base not in counts else f"{base}-{counts[base]}")
+            counts[base] = counts.get(base, 0) + 1
+    return found
+
+
+def relative_links(page: Path) -> list[str]:
+    text = page.read_text(encoding="utf-8")
+    text = re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)  # code blocks
+    text = re.sub(r"`[^`\n]*`", "", text)  # inline code
+    return [target for target in LINK.findall(text) if not re.match(r"^[a-z]+:", target)]
+
+
+def broken_links(page: Path) -> list[str]:
+    broken = []
+    for target in relative_links(page):
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{target}: no heading #{anchor} in {file.relative_to(ROOT)}")
+    return broken
+
+
+@pytest.fixture
+def docs_workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model, tokenizer) -> Iterator[Path]:
+    """A working directory holding ``demo_output``: a tiny model folder written as the demo writes it.
+    Remote code (``trust_remote_code=True``) is cached under it, not in the user's modules cache."""
+    save_model_folder(model, tokenizer, tmp_path / "demo_output")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / ".hf_modules"))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    modules = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - modules:
+        if name.startswith("transformers_modules"):
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("snippet", ALL_SNIPPETS, ids=[snippet.id for snippet in ALL_SNIPPETS])
+def test_python_snippet_runs(snippet: Snippet, docs_workdir: Path) -> None:
+    if snippet.skip:
+        pytest.skip(f"{snippet.id}: {snippet.skip}")
+    namespace = {"__name__": "__main__"}
+    exec(compile(snippet.code, snippet.id, "exec"), namespace)  # the repository's own documentation
+
+
+def test_every_skipped_snippet_is_listed_with_its_reason() -> None:
+    marked = {(s.page, first_code_line(s.code)): s.skip for s in ALL_SNIPPETS if s.skip}
+    assert marked == SKIPPED
+    assert len([s for s in ALL_SNIPPETS if not s.skip]) >= 4, "the pages lost their Python examples"
+
+
+def test_skip_marker_is_read_only_right_before_a_fence() -> None:
+    markdown = "text\n<!-- skip-test: needs a GPU -->\n\n```python\nx = 1\n```\n\n```python\ny = 2\n```\n"
+    assert [(line, skip) for _, line, _, skip in fenced_blocks(markdown)] == [(4, "needs a GPU"), (8, None)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[page.relative_to(ROOT).as_posix() for page in PAGES])
+def test_relative_links_resolve(page: Path) -> None:
+    assert not broken_links(page), broken_links(page)
+
+
+def test_slugs_follow_github() -> None:
+    assert slug("Real data: Multi30k German → English on 2 CPU cores") == (
+        "real-data-multi30k-german--english-on-2-cpu-cores"
+    )
+    assert slug("Greedy decoding and continuing a `generate()` call") == (
+        "greedy-decoding-and-continuing-a-generate-call"
+    )
+
+
+def test_every_page_is_linked_from_the_readme() -> None:
+    linked = {(ROOT / target.partition("#")[0]).resolve() for target in relative_links(ROOT / "README.md")}
+    assert not [page.name for page in PAGES[1:] if page not in linked]
+
+
+def test_ci_runs_exactly_the_readmes_test_command() -> None:
+    """README: two set-up commands, the second the tests; `.ci/run` activates the same virtualenv and runs
+    the rest of that line verbatim."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    setup = readme.split("## Set-up: two commands", 1)[1].split("\n## ", 1)[0]
+    commands = [code.splitlines()[-1] for language, _, code, _ in fenced_blocks(setup) if language == "bash"]
+    assert len(commands) == 2, commands
+    install, test = commands
+    assert install.endswith("&& python -m hf_vanilla.demo") and 'pip install -e ".[dev]"' in install
+    activate = ". .venv/bin/activate && "
+    assert test.startswith(activate) and "python -m pytest" in test
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert test.removeprefix(activate) in ci
+    assert ci.index(". .venv/bin/activate") < ci.index(test.removeprefix(activate))
