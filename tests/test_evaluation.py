@@ -99,6 +99,38 @@ def test_metric_loads_by_path_offline(monkeypatch: pytest.MonkeyPatch) -> None:
     assert metric.compute(predictions=HYPS[:1], references=[REFS[:1]])["bleu"] > 0
 
 
+#: What ``evaluate.load("sacrebleu")`` returns (evaluate's metrics/sacrebleu/sacrebleu.py).
+SACREBLEU_KEYS = {"score", "counts", "totals", "precisions", "bp", "sys_len", "ref_len"}
+
+
+def test_metric_is_a_drop_in_for_evaluates_sacrebleu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stock example scripts (run_translation.py, run_translation_no_trainer.py) call ``compute`` with
+    predictions and one-element reference lists, maybe sacrebleu's options, and read ``result["score"]``."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    metric = evaluate.load(METRIC_PATH)
+    metric.add_batch(predictions=HYPS, references=[[ref] for ref in REFS])
+    result = metric.compute()
+    assert result.keys() >= SACREBLEU_KEYS
+    expected = BLEU().corpus_score(HYPS, [REFS])
+    assert result["score"] == pytest.approx(expected.score, abs=1e-9)
+    assert (result["counts"], result["sys_len"], result["ref_len"]) == (
+        expected.counts,
+        expected.sys_len,
+        expected.ref_len,
+    )
+    options = {"tokenize": "char", "lowercase": True, "smooth_method": "floor", "smooth_value": 0.1}
+    again = metric.compute(
+        predictions=HYPS, references=[[ref] for ref in REFS], use_effective_order=True, **options
+    )
+    bleu = BLEU(
+        tokenize="char", lowercase=True, smooth_method="floor", smooth_value=0.1, effective_order=True
+    )
+    assert again["score"] == pytest.approx(bleu.corpus_score(HYPS, [REFS]).score, abs=1e-9)
+    assert "tok:char" in again["bleu_signature"] and "smooth:floor" in again["bleu_signature"]
+    with pytest.raises(ValueError, match="two BLEU tokenizers"):
+        metric.compute(predictions=HYPS, references=REFS, tokenize="char", bleu_tokenize="13a")
+
+
 def test_metric_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="one reference entry per hypothesis"):
         compute_bleu_chrf(HYPS, REFS[:2])

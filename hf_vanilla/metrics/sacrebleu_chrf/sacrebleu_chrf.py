@@ -16,6 +16,11 @@ with a different (tokenized, ``multi-bleu.perl``-style) pipeline and are not dir
 chrF (Popović, 2015) is reported next to BLEU because it is more reliable on single sentences
 and small test sets.
 
+It is a drop-in for ``evaluate.load("sacrebleu")``: it returns that metric's keys (``score``, ``counts``,
+``totals``, ``precisions``, ``bp``, ``sys_len``, ``ref_len``) and takes its ``compute`` arguments (``tokenize``,
+``lowercase``, ``smooth_method``, ``smooth_value``, ``force``, ``use_effective_order``), so the stock example
+scripts (``run_translation.py`` reads ``result["score"]``) run with only the metric's path changed.
+
 This file is self-contained (no ``hf_vanilla`` imports) because ``evaluate`` copies it into its
 module cache before importing it.
 """
@@ -55,13 +60,16 @@ Args:
     predictions: list of hypothesis strings, one per segment.
     references: list of reference lists (one list of strings per segment; every segment must have
         the same number of references), or a list of single reference strings.
-    bleu_tokenize: sacreBLEU tokenizer for BLEU; default "13a" (the WMT standard).
+    bleu_tokenize (or ``tokenize``, evaluate's sacrebleu name): sacreBLEU tokenizer for BLEU; default "13a"
+        (the WMT standard).
     lowercase: compute case-insensitive scores; default False (cased, as usual for WMT).
+    smooth_method, smooth_value, force, use_effective_order: sacreBLEU's BLEU options, as in
+        evaluate's sacrebleu metric (defaults "exp", None, False, False).
     char_order: character n-gram order of chrF; default 6.
     word_order: word n-gram order of chrF; default 0 (chrF; 2 gives chrF++).
     beta: recall weight of chrF; default 2.
 Returns:
-    bleu: corpus BLEU in [0, 100].
+    score, bleu: corpus BLEU in [0, 100] (``score`` is evaluate's sacrebleu key).
     bleu_signature: sacreBLEU's signature for BLEU, e.g. "nrefs:1|case:mixed|eff:no|tok:13a|...".
     counts, totals, precisions, bp, sys_len, ref_len: BLEU's n-gram statistics.
     chrf: corpus chrF in [0, 100].
@@ -105,8 +113,13 @@ class SacrebleuChrf(evaluate.Metric):
         self,
         predictions: list[str],
         references: list[list[str]] | list[str],
-        bleu_tokenize: str = "13a",
+        bleu_tokenize: str | None = None,
         lowercase: bool = False,
+        tokenize: str | None = None,
+        smooth_method: str = "exp",
+        smooth_value: float | None = None,
+        force: bool = False,
+        use_effective_order: bool = False,
         char_order: int = 6,
         word_order: int = 0,
         beta: int = 2,
@@ -123,11 +136,23 @@ class SacrebleuChrf(evaluate.Metric):
         n_refs = counts.pop() if counts else 1
         ref_streams = [[refs[j] for refs in references] for j in range(n_refs)]
 
-        bleu = BLEU(tokenize=bleu_tokenize, lowercase=lowercase)
+        if bleu_tokenize is not None and tokenize is not None and bleu_tokenize != tokenize:
+            raise ValueError(
+                f"bleu_tokenize={bleu_tokenize!r} and tokenize={tokenize!r} name two BLEU tokenizers: pass one."
+            )
+        bleu = BLEU(
+            tokenize=bleu_tokenize or tokenize or "13a",
+            lowercase=lowercase,
+            smooth_method=smooth_method,
+            smooth_value=smooth_value,
+            force=force,
+            effective_order=use_effective_order,
+        )
         bleu_score = bleu.corpus_score(predictions, ref_streams)
         chrf = CHRF(char_order=char_order, word_order=word_order, beta=beta, lowercase=lowercase)
         chrf_score = chrf.corpus_score(predictions, ref_streams)
         return {
+            "score": bleu_score.score,
             "bleu": bleu_score.score,
             "bleu_signature": str(bleu.get_signature()),
             "counts": bleu_score.counts,
