@@ -26,9 +26,9 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
-from hf_vanilla.durability import atomic_directory, refuse_to_replace
+from hf_vanilla.durability import atomic_directory, find_complete_checkpoints, refuse_to_replace
 from hf_vanilla.hub import TRAINING_ARGS_JSON, save_model_folder
-from hf_vanilla.safe_loading import checkpoint_step, verify_safetensors_file
+from hf_vanilla.safe_loading import verify_safetensors_file
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +54,14 @@ __all__ = [
 
 
 def find_checkpoints(run_dir: str | Path) -> list[Path]:
-    """The ``checkpoint-<step>`` folders of a training run, oldest first (sorted by step number,
-    so ``checkpoint-900`` comes before ``checkpoint-1000``)."""
+    """The whole ``checkpoint-<step>`` folders of a training run, oldest first by step number
+    (``checkpoint-900`` before ``checkpoint-1000``, whatever the file times), as resuming and
+    ``--save_total_limit`` see them (:func:`hf_vanilla.durability.find_complete_checkpoints`);
+    damaged ones are skipped with a warning naming them."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"Training output folder {str(run_dir)!r} does not exist.")
-    found = [p for p in run_dir.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
-    return sorted(found, key=lambda p: checkpoint_step(p))
+    return find_complete_checkpoints(run_dir)
 
 
 def load_safetensors_state_dict(checkpoint: str | Path) -> dict[str, torch.Tensor]:
@@ -222,7 +223,7 @@ def average_last_checkpoints(
     found = find_checkpoints(run_dir)
     if not found:
         raise FileNotFoundError(
-            f"No checkpoint-<step> folders in {str(run_dir)!r}. Train with checkpoints (--save_steps) or give "
+            f"No whole checkpoint-<step> folders in {str(run_dir)!r}. Train with checkpoints (--save_steps) or give "
             "the checkpoint folders explicitly."
         )
     if len(found) < last_n:

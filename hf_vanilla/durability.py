@@ -15,6 +15,14 @@ module guarantees (:mod:`hf_vanilla.training` plugs it into the ``Trainer``; loa
   :func:`last_complete_checkpoint`): a folder left half-written by a kill during saving is skipped with
   a warning, where ``transformers.trainer_utils.get_last_checkpoint`` would pick it and fail; the
   checkpoint resumed from is checked first.
+* **Checkpoints in step order** (:func:`checkpoint_folders`, :func:`rotate_checkpoints_by_step`): rotation
+  (``save_total_limit``), resuming and averaging order a run's checkpoints by the step in their names,
+  never by file times, so reading or evaluating a checkpoint never changes which ones are kept.
+* **One run per output folder** (:func:`hold_run_dir`): a second run into a folder a live run holds is
+  refused; the lock is the kernel's and goes with the process, however it ends.
+* **No non-finite state saved** (:class:`ResilientTrainerMixin`): a step with a non-finite loss or
+  gradient norm, or non-finite weights at a save, stops the run with :class:`NonFiniteTrainingError`
+  naming the step; the checkpoints saved before it are kept.
 * **Preemption and Ctrl-C** (:class:`SaveOnSignalCallback`): on SIGTERM (what SLURM, Kubernetes and
   ``torchrun`` send before killing a job) or SIGINT (Ctrl-C) the run finishes its current optimizer
   step, saves a checkpoint and exits; ``--resume_from_checkpoint last`` continues it. All processes
@@ -24,7 +32,10 @@ module guarantees (:mod:`hf_vanilla.training` plugs it into the ``Trainer``; loa
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import logging
+import math
 import os
 import shutil
 import signal
@@ -36,7 +47,7 @@ from typing import Any, BinaryIO, TextIO
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_vanilla.safe_loading import (
     TRAINER_STATE_NAME,
@@ -53,16 +64,21 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "STAGING_DIR_NAME",
+    "NonFiniteTrainingError",
     "ResilientTrainerMixin",
+    "RunInUseError",
     "SaveOnSignalCallback",
     "atomic_directory",
     "atomic_file",
+    "checkpoint_folders",
     "find_complete_checkpoints",
+    "hold_run_dir",
     "last_complete_checkpoint",
     "load_full_state_dict_into_sharded",
     "publish_directory",
     "refuse_to_replace",
     "resolve_resume_checkpoint",
+    "rotate_checkpoints_by_step",
     "save_pretrained_atomic",
     "tie_state_dict",
 ]
@@ -74,18 +90,29 @@ STAGING_DIR_NAME = ".incomplete-checkpoints"
 # --------------------------------------------------------------------------------------------------
 # resuming
 # --------------------------------------------------------------------------------------------------
-def _complete_checkpoints(run_dir: str | Path, newest_first: bool, **verify_kwargs: Any) -> Iterator[Path]:
-    """The ``checkpoint-<step>`` folders of ``run_dir`` that pass :func:`verify_checkpoint`, checked one
-    at a time in step order as they are drawn; damaged ones are skipped with a warning saying why."""
+def checkpoint_folders(run_dir: str | Path) -> list[Path]:
+    """Every ``checkpoint-<step>`` folder of ``run_dir``, whole or not, oldest first by step; ``[]`` if
+    ``run_dir`` is not a folder.
+
+    This is the one place that orders a run's checkpoints: by the step in the folder's name, never
+    by file times (which reading, evaluating or copying a checkpoint changes). Rotation
+    (:func:`rotate_checkpoints_by_step`), resuming (:func:`last_complete_checkpoint`), averaging
+    (:func:`hf_vanilla.averaging.find_checkpoints`) and plotting a run's log all draw from it.
+    """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        return
-    candidates = sorted(
-        (p for p in run_dir.iterdir() if p.is_dir() and checkpoint_step(p) is not None),
-        key=checkpoint_step,
-        reverse=newest_first,
+        return []
+    return sorted(
+        (p for p in run_dir.iterdir() if p.is_dir() and checkpoint_step(p) is not None), key=checkpoint_step
     )
-    for path in candidates:
+
+
+def _complete_checkpoints(run_dir: str | Path, newest_first: bool, **verify_kwargs: Any) -> Iterator[Path]:
+    """The ``checkpoint-<step>`` folders of ``run_dir`` that pass :func:`verify_checkpoint`, checked one
+    at a time in step order (:func:`checkpoint_folders`) as they are drawn; damaged ones are skipped
+    with a warning saying why."""
+    candidates = checkpoint_folders(Path(run_dir))
+    for path in reversed(candidates) if newest_first else candidates:
         try:
             verify_checkpoint(path, **verify_kwargs)
         except CheckpointError as err:
@@ -96,17 +123,119 @@ def _complete_checkpoints(run_dir: str | Path, newest_first: bool, **verify_kwar
 
 def find_complete_checkpoints(run_dir: str | Path, **verify_kwargs: Any) -> list[Path]:
     """The ``checkpoint-<step>`` folders of ``run_dir`` that pass :func:`verify_checkpoint`, oldest
-    first; damaged ones are skipped with a warning saying why."""
+    first by step (``checkpoint-900`` before ``checkpoint-1000``, whatever the file times); damaged
+    ones are skipped with a warning saying why."""
     return list(_complete_checkpoints(run_dir, newest_first=False, **verify_kwargs))
 
 
 def last_complete_checkpoint(run_dir: str | Path, **verify_kwargs: Any) -> Path | None:
-    """The newest whole checkpoint of ``run_dir`` (``None`` if there is none), checking newest first.
+    """The newest (by step) whole checkpoint of ``run_dir`` (``None`` if there is none), checking
+    newest first.
 
     Use it instead of ``get_last_checkpoint``, which returns the newest folder even when a kill
     during saving left it half-written.
     """
     return next(_complete_checkpoints(run_dir, newest_first=True, **verify_kwargs), None)
+
+
+def rotate_checkpoints_by_step(
+    run_dir: str | Path, save_total_limit: int | None, best_model_checkpoint: str | None = None
+) -> list[Path]:
+    """``--save_total_limit``: delete the oldest (by step) whole checkpoints of ``run_dir`` until
+    ``save_total_limit`` are left, never the newest nor ``best_model_checkpoint``. Returns the deleted
+    folders.
+
+    ``transformers.trainer_utils.rotate_checkpoints(use_mtime=True)``, which the Trainer calls, orders
+    by modification time, so a checkpoint that anything wrote into (an evaluation's output, say)
+    counted as the newest and newer ones were deleted. Damaged folders are not counted and not
+    deleted (a warning names them); checksums are not recomputed here, as they are before resuming.
+    """
+    if save_total_limit is None or save_total_limit <= 0:
+        return []
+    complete = find_complete_checkpoints(run_dir, checksums=False)
+    protected = set(complete[-1:])
+    if best_model_checkpoint is not None:
+        protected.add(Path(run_dir) / Path(best_model_checkpoint).name)
+    deleted = []
+    surplus = len(complete) - max(save_total_limit, len(protected))
+    for path in complete:
+        if surplus <= 0:
+            break
+        if path not in protected:
+            shutil.rmtree(path)
+            deleted.append(path)
+            surplus -= 1
+    return deleted
+
+
+class NonFiniteTrainingError(ValueError):
+    """A training step gave a non-finite loss or gradient norm, or the weights to be saved are not finite."""
+
+
+class RunInUseError(OSError):
+    """Another training run holds the output folder (:func:`hold_run_dir`)."""
+
+
+@contextlib.contextmanager
+def hold_run_dir(output_dir: str | Path, hold: bool = True) -> Iterator[None]:
+    """One training run per output folder: an exclusive, non-blocking ``flock`` on the folder itself,
+    held for the block (creating the folder if needed; a folder created here and still empty when
+    the block fails is removed again).
+
+    A second run into the held folder raises :class:`RunInUseError` at once. The lock is the
+    kernel's, tied to the open folder: it goes when the process ends, however it ends (SIGKILL
+    included), so a killed run never leaves it stuck and there is no lock file to clean up. Under
+    ``torchrun`` only the main process of the launch takes it (``hold``), and every process of the
+    launch raises together when it is refused (one all-reduce). Local file systems only: ``flock``
+    over NFS is not reliable on every system.
+    """
+    output_dir = Path(output_dir)
+    created = not output_dir.exists()
+    refused = False
+    fd = None
+    if hold:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(output_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
+            os.close(fd)
+            fd = None
+            refused = True
+    try:
+        if _agree_across_processes(refused):
+            raise RunInUseError(
+                f"--output_dir {str(output_dir)!r} is in use by another training run (still running); nothing was "
+                "changed. Wait for it to end, or choose another --output_dir; to continue a run that ended, use "
+                "--resume_from_checkpoint last."
+            )
+        yield
+    except BaseException:
+        if hold and created and not refused:
+            with contextlib.suppress(OSError):  # not empty: the run wrote something, which stays
+                output_dir.rmdir()
+        raise
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+def _no_complete_checkpoint(asked: str, output_dir: Path) -> str:
+    """Why there is nothing to resume from in ``output_dir``: no checkpoint folder, or only damaged ones."""
+    damaged = [p.name for p in checkpoint_folders(output_dir)]
+    if not damaged:
+        return (
+            f"{asked}: no checkpoint-<step> folder in {str(output_dir)!r}. Check --output_dir, or drop "
+            "--resume_from_checkpoint to start afresh."
+        )
+    return (
+        f"{asked}: {str(output_dir)!r} holds checkpoints ({', '.join(damaged)}) but none is complete (the "
+        "warnings above say what is wrong with each). Restore a good copy of one, or move them away and start "
+        "afresh without --resume_from_checkpoint (nothing was changed)."
+    )
 
 
 def resolve_resume_checkpoint(
@@ -122,7 +251,7 @@ def resolve_resume_checkpoint(
     """
     output_dir = Path(output_dir)
     if resume_from_checkpoint is None or str(resume_from_checkpoint).lower() in ("false", ""):
-        if output_dir.is_dir() and any(checkpoint_step(p) is not None for p in output_dir.iterdir()):
+        if checkpoint_folders(output_dir):
             raise FileExistsError(
                 f"{str(output_dir)!r} already holds checkpoints. Continue that run with "
                 "--resume_from_checkpoint last, or choose a new --output_dir (nothing was overwritten; "
@@ -132,11 +261,10 @@ def resolve_resume_checkpoint(
             refuse_to_replace(output_dir, overwrite, "--output_dir")
         return None
     if str(resume_from_checkpoint).lower() in ("last", "true"):
-        last = last_complete_checkpoint(output_dir) if output_dir.is_dir() else None  # whole ones only
+        last = last_complete_checkpoint(output_dir)  # whole ones only
         if last is None:
             raise FileNotFoundError(
-                f"--resume_from_checkpoint {resume_from_checkpoint}: no checkpoint-<step> folder in "
-                f"{str(output_dir)!r}. Check --output_dir, or drop --resume_from_checkpoint to start afresh."
+                _no_complete_checkpoint(f"--resume_from_checkpoint {resume_from_checkpoint}", output_dir)
             )
         return str(last)
     path = Path(resume_from_checkpoint)
@@ -324,6 +452,13 @@ class ResilientTrainerMixin:
     * Inside a checkpoint, the model folder is written and checked (no pickle in it) before any Trainer
       state: every process waits after the model is saved, so the others add their
       ``rng_state_<rank>.pth`` only then, as one process adds ``rng_state.pth`` and ``optimizer.pt``.
+    * Old checkpoints are deleted by step (:func:`rotate_checkpoints_by_step`), not by the file times
+      the Trainer's ``rotate_checkpoints(use_mtime=True)`` goes by.
+    * The loss of every micro-step and the gradient norm of every step are checked for inf and nan
+      where they are (no host synchronisation per step); the first bad step is read before anything
+      is logged, evaluated or saved and when the run stops, and every save (checkpoints, the final
+      model, the save on SIGTERM) first checks the weights: :class:`NonFiniteTrainingError` then
+      stops the run with nothing written.
     * ``save_model()`` into a folder (the final model) writes to a temporary folder and moves each
       file into place with an atomic ``os.replace``.
     * ``train(resume_from_checkpoint=...)`` runs :func:`verify_checkpoint` first, so a damaged or
@@ -337,6 +472,89 @@ class ResilientTrainerMixin:
 
     checkpoint_checksums: bool = True
     _staging_run_dir: str | None = None
+    #: The first step with a non-finite loss or gradient norm, kept where the values are (no host
+    #: synchronisation per step) and read only before a log, evaluation, save or stop.
+    _first_nonfinite: torch.Tensor | None = None
+    _first_nonfinite_host: float = math.inf
+
+    def _note_nonfinite(self, value: torch.Tensor | float | None, step: int) -> None:
+        if isinstance(value, torch.Tensor):
+            bad = ~torch.isfinite(value.detach()).all()
+            at = torch.where(bad, float(step), math.inf).to(value.device)
+            first = self._first_nonfinite
+            self._first_nonfinite = at if first is None else torch.minimum(first, at)
+        elif value is not None and not math.isfinite(value):
+            self._first_nonfinite_host = min(self._first_nonfinite_host, step)
+
+    def _last_good_checkpoint(self) -> str:
+        """What is left to continue from, and how (the end of a :class:`NonFiniteTrainingError`)."""
+        last = last_complete_checkpoint(self.args.output_dir, checksums=False)  # type: ignore[attr-defined]
+        if last is None:
+            return "No checkpoint was saved before it: start again with a lower --learning_rate."
+        return (
+            f"The last checkpoint, {str(last)!r}, is kept: continue from it with --resume_from_checkpoint "
+            "last and a lower --learning_rate."
+        )
+
+    def _stop_if_nonfinite(self) -> None:
+        """Raise :class:`NonFiniteTrainingError` if a step so far gave a non-finite loss or gradient norm
+        on any process (one all-reduce under distribution)."""
+        first = torch.tensor([self._first_nonfinite_host], dtype=torch.float64)
+        if self._first_nonfinite is not None:
+            first = torch.minimum(first, self._first_nonfinite.detach().double().cpu().reshape(1))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            from accelerate import PartialState
+
+            first = first.to(PartialState().device)
+            torch.distributed.all_reduce(first, op=torch.distributed.ReduceOp.MIN)
+        step = float(first.item())
+        if math.isfinite(step):
+            raise NonFiniteTrainingError(
+                f"Training step {int(step)} gave a non-finite loss or gradient norm (inf or nan); the run stopped at "
+                f"step {self.state.global_step} without saving (the learning rate is probably too high, "  # type: ignore[attr-defined]
+                f"--learning_rate {self.args.learning_rate:g}). {self._last_good_checkpoint()}"  # type: ignore[attr-defined]
+            )
+
+    def _stop_if_weights_nonfinite(self) -> None:
+        """Raise :class:`NonFiniteTrainingError` if any weight is inf or nan (before anything is saved)."""
+        model = self.model  # type: ignore[attr-defined]
+        count = torch.zeros((), dtype=torch.int64)
+        for param in model.parameters():
+            local = param.to_local() if hasattr(param, "to_local") else param
+            count = count.to(local.device) + (~torch.isfinite(local.detach())).sum()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            from accelerate import PartialState
+
+            count = count.to(PartialState().device)
+            torch.distributed.all_reduce(count)
+        bad = int(count.item())
+        if bad:
+            raise NonFiniteTrainingError(
+                f"After training step {self.state.global_step} the weights hold {bad} non-finite values (inf or "  # type: ignore[attr-defined]
+                f"nan): they were not saved (the learning rate is probably too high, --learning_rate "
+                f"{self.args.learning_rate:g}). {self._last_good_checkpoint()}"  # type: ignore[attr-defined]
+            )
+
+    def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        loss = super().training_step(*args, **kwargs)  # type: ignore[misc]
+        self._note_nonfinite(loss, self.state.global_step + 1)  # type: ignore[attr-defined]
+        return loss
+
+    def _maybe_log_save_evaluate(self, tr_loss: Any, grad_norm: Any, *args: Any, **kwargs: Any) -> None:
+        """Before anything is logged, evaluated or saved, and when the run stops (``max_steps``, a
+        signal), stop with :class:`NonFiniteTrainingError` if a step gave a non-finite loss or
+        gradient norm. The Trainer's own ``logging_nan_inf_filter`` would otherwise log the average
+        of earlier losses in place of ``nan``, and the checkpoint would hold the damaged weights."""
+        self._note_nonfinite(grad_norm, self.state.global_step)  # type: ignore[attr-defined]
+        control = self.control  # type: ignore[attr-defined]
+        if (
+            control.should_log
+            or control.should_evaluate
+            or control.should_save
+            or control.should_training_stop
+        ):
+            self._stop_if_nonfinite()
+        super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)  # type: ignore[misc]
 
     def _trusted_patterns(self) -> tuple[str, ...]:
         if getattr(self, "is_deepspeed_enabled", False):
@@ -353,6 +571,8 @@ class ResilientTrainerMixin:
         return super()._get_output_dir(trial)  # type: ignore[misc]
 
     def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        self._stop_if_nonfinite()
+        self._stop_if_weights_nonfinite()
         args = self.args  # type: ignore[attr-defined]
         if args.push_to_hub:
             super()._save_checkpoint(model, trial)  # type: ignore[misc]
@@ -384,12 +604,7 @@ class ResilientTrainerMixin:
             publish_directory(staged, final)
             with contextlib.suppress(OSError):  # not empty: another save is staged; left for later
                 staging_root.rmdir()
-            rotate_checkpoints(
-                output_dir=str(run_dir),
-                save_total_limit=args.save_total_limit,
-                best_model_checkpoint=state.best_model_checkpoint,
-                use_mtime=True,
-            )
+            rotate_checkpoints_by_step(run_dir, args.save_total_limit, state.best_model_checkpoint)
         accelerator.wait_for_everyone()
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -403,6 +618,8 @@ class ResilientTrainerMixin:
                 # the model there (hf_vanilla.training's _save refuses a model folder holding a pickle).
                 self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
             return
+        self._stop_if_nonfinite()
+        self._stop_if_weights_nonfinite()
         target = Path(output_dir if output_dir is not None else args.output_dir)
         staged = target / f".save-{self.state.global_step}.tmp"  # type: ignore[attr-defined]
         if args.should_save and staged.exists():
@@ -452,8 +669,7 @@ class ResilientTrainerMixin:
             found = last_complete_checkpoint(output_dir, trusted_patterns=self._trusted_patterns())
             if found is None:
                 raise FileNotFoundError(
-                    f"resume_from_checkpoint=True, but {str(output_dir)!r} has no whole checkpoint-<step> folder. "
-                    "Start afresh, or give a checkpoint folder."
+                    _no_complete_checkpoint("resume_from_checkpoint=True", Path(output_dir))
                 )
             resume_from_checkpoint = str(found)
         elif isinstance(resume_from_checkpoint, str | os.PathLike):

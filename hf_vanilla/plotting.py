@@ -28,7 +28,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tokenizers import decoders
 
-from hf_vanilla.durability import atomic_file
+from hf_vanilla.durability import atomic_file, checkpoint_folders
 from hf_vanilla.modeling_vanilla_transformer import sinusoidal_position_encoding
 from hf_vanilla.translate import paper_generation_kwargs
 
@@ -400,12 +400,7 @@ def load_log_history(run: str | Path) -> list[dict[str, Any]]:
     run = Path(run)
     candidates = [run] if run.is_file() else [run / "trainer_state.json"]
     if run.is_dir():
-        checkpoints = sorted(
-            (p for p in run.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
-            key=lambda p: int(p.name.split("-")[-1]),
-            reverse=True,
-        )
-        candidates += [c / "trainer_state.json" for c in checkpoints]
+        candidates += [c / "trainer_state.json" for c in reversed(checkpoint_folders(run))]  # newest first
     for candidate in candidates:
         if candidate.is_file():
             state = json.loads(candidate.read_text())

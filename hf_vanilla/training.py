@@ -68,6 +68,7 @@ from hf_vanilla.durability import (
     ResilientTrainerMixin,
     SaveOnSignalCallback,
     find_complete_checkpoints,
+    hold_run_dir,
     refuse_to_replace,
     resolve_resume_checkpoint,
 )
@@ -386,6 +387,11 @@ class PaperTrainingArguments(DatasetCardArguments, Seq2SeqTrainingArguments):
             raise ValueError(
                 f"--average_last_n_checkpoints {self.average_last_n_checkpoints} needs at least that many "
                 f"checkpoints kept, but --save_total_limit is {self.save_total_limit}. Raise --save_total_limit."
+            )
+        if self.do_train and self.max_steps == 0:
+            raise ValueError(
+                "--max_steps 0 trains nothing (nothing was done): give the number of training steps, or "
+                "--do_train false to only evaluate a model."
             )
         if self.learning_rate is not None and self.learning_rate < 0:
             raise ValueError(f"--learning_rate must be >= 0, got {self.learning_rate}.")
@@ -950,9 +956,21 @@ def run_training(
     Returns all metrics (``train_*``, ``eval_*``, ``test_*``, ``averaged_eval_*``, ...). Processes a
     launcher started that form no process group are refused first
     (:func:`~hf_vanilla.launch_checks.check_process_group`), then everything
-    :func:`take_hub_push` checks.
+    :func:`take_hub_push` checks. The run holds ``output_dir`` (:func:`~hf_vanilla.durability.hold_run_dir`):
+    a second run into it while this one lives is refused with
+    :class:`~hf_vanilla.durability.RunInUseError`. A step with a non-finite loss or gradient norm, or
+    non-finite weights at a save, stops the run with :class:`~hf_vanilla.durability.NonFiniteTrainingError`
+    before anything is saved.
     """
     check_process_group(training_args)
+    # One launch per output folder: its main process holds a lock on it until the run ends.
+    with hold_run_dir(training_args.output_dir, hold=training_args.process_index == 0):
+        return _run_training(model_args, data_args, training_args)
+
+
+def _run_training(
+    model_args: ModelArguments, data_args: DataArguments, training_args: PaperTrainingArguments
+) -> dict[str, float]:
     resume = resolve_resume_checkpoint(
         training_args.resume_from_checkpoint, training_args.output_dir, training_args.overwrite
     )

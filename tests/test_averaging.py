@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,13 @@ from hf_vanilla.averaging import (
 
 
 def _write_checkpoints(run_dir: Path, steps: list[int], tokenizer=None) -> list[Path]:
-    """One differently seeded tiny model per step, saved as run_dir/checkpoint-<step>."""
+    """One differently seeded tiny model per step, saved as run_dir/checkpoint-<step> with the
+    ``trainer_state.json`` that makes it a whole Trainer checkpoint."""
     paths = []
     for seed, step in enumerate(steps):
         path = run_dir / f"checkpoint-{step}"
         tiny_model(seed=seed).save_pretrained(path)
+        (path / "trainer_state.json").write_text(json.dumps({"global_step": step}), encoding="utf-8")
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
         paths.append(path)
@@ -31,8 +34,7 @@ def _write_checkpoints(run_dir: Path, steps: list[int], tokenizer=None) -> list[
 
 
 def test_find_checkpoints_sorts_by_step_not_lexically(tmp_path: Path) -> None:
-    for step in (1000, 900, 50):
-        (tmp_path / f"checkpoint-{step}").mkdir()
+    _write_checkpoints(tmp_path, [1000, 900, 50])
     (tmp_path / "checkpoint-final").mkdir()
     (tmp_path / "runs").mkdir()
     assert [p.name for p in find_checkpoints(tmp_path)] == [
@@ -77,7 +79,7 @@ def test_average_last_n_takes_the_newest_by_step(tmp_path: Path) -> None:
 
 def test_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="No checkpoint-<step> folders"):
+    with pytest.raises(FileNotFoundError, match="No whole checkpoint-<step> folders"):
         average_last_checkpoints(tmp_path / "empty", 5, tmp_path / "out")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         average_last_checkpoints(tmp_path / "nowhere", 5, tmp_path / "out")

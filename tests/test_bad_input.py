@@ -9,10 +9,13 @@ A few cases run as real processes, to see that stderr holds no traceback.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
 import os
 import runpy
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,13 +26,16 @@ from typing import Any
 import pytest
 import torch
 from conftest import CARD_ARGS, tiny_model
+from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
+from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast
 from transformers.modeling_outputs import BaseModelOutput
 
 from hf_vanilla.cli import run_cli
+from hf_vanilla.data import load_local_files
 from hf_vanilla.demo import main as demo_main
-from hf_vanilla.durability import atomic_directory
+from hf_vanilla.durability import SaveOnSignalCallback, atomic_directory, find_complete_checkpoints
+from hf_vanilla.tokenization import tokenize_translations
 from hf_vanilla.training import ModelArguments, PaperSeq2SeqTrainer, PaperTrainingArguments, build_model
 from hf_vanilla.translate import translate, translate_stream
 
@@ -141,6 +147,14 @@ def _damaged_checkpoint(world: World, tmp: Path) -> Path:
     weights = Path(shutil.copytree(world.run / "checkpoint-1", tmp / "ckpt")) / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-64])
     return _folder(tmp)
+
+
+def _damaged_run(world: World, tmp: Path) -> Path:
+    """A copy of the world's run with every checkpoint's weights truncated."""
+    run = Path(shutil.copytree(world.run, tmp / "damaged"))
+    for weights in run.glob("checkpoint-*/model.safetensors"):
+        weights.write_bytes(weights.read_bytes()[:-64])
+    return run
 
 
 def _input(tmp: Path, data: bytes) -> Path:
@@ -372,6 +386,28 @@ CLI_CASES: dict[str, Case] = {
     ),
     "a negative learning rate": Case(
         "train", _train("--learning_rate", "-1"), "must be >= 0", lambda w, t: _file(t)
+    ),
+    # Round two: checkpoints and runs (issue 26)
+    "--max_steps 0": Case(
+        "train", _train("--max_steps", "0"), "--max_steps 0 trains nothing", lambda w, t: _file(t)
+    ),
+    "resume when every checkpoint is damaged": Case(
+        "train",
+        _train("--resume_from_checkpoint", "last", output="damaged"),
+        "holds checkpoints (checkpoint-1, checkpoint-2) but none is complete",
+        lambda w, t: _damaged_run(w, t),
+    ),
+    "a learning rate so high that the loss overflows": Case(
+        "train",
+        _train("--learning_rate", "1e30"),
+        "Training step 2 gave a non-finite loss",
+        lambda w, t: _file(t),
+    ),
+    "a learning rate so high that the weights overflow": Case(
+        "train",
+        _train("--learning_rate", "1e39"),
+        "After training step 1 the weights hold",
+        lambda w, t: _file(t),
     ),
 }
 
@@ -640,3 +676,145 @@ def test_train_push_to_hub_is_checked_in_one_line_before_any_work(
     errors = [line for line in err if line.startswith("error: ")]
     assert status == 1 and errors == [err[-1]] and message in err[-1], err[-5:]
     assert (_snapshot(run) if run.exists() else None) == before  # nothing written: no checkpoint, no folder
+
+
+# --------------------------------------------------------------------------------------------------
+# Round two: checkpoints and runs (issue 26)
+# --------------------------------------------------------------------------------------------------
+def test_checkpoints_are_kept_resumed_and_averaged_by_step_not_file_time(
+    world: World, tmp_path: Path
+) -> None:
+    """A checkpoint touched after training (an evaluation an hour later) is still the oldest by step:
+    rotation deletes it, and averaging takes the newest by step."""
+    run = Path(shutil.copytree(world.run, tmp_path / "run"))
+    hour_ago = run.stat().st_mtime - 3600
+    os.utime(run / "checkpoint-2", (hour_ago, hour_ago))  # written first ...
+    (run / "checkpoint-1" / "notes.txt").write_text("read later\n", encoding="utf-8")  # ... touched last
+    argv = _train_argv(world.data, world.model, run, "--resume_from_checkpoint", "last", "--max_steps", "4",
+                       "--save_total_limit", "3", "--average_last_n_checkpoints", "3")  # fmt: skip
+    assert script_main("train")(argv) == 0
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == [
+        "checkpoint-2",
+        "checkpoint-3",
+        "checkpoint-4",
+    ]
+    averaged = json.loads((run / "averaged" / "averaged_checkpoints.json").read_text(encoding="utf-8"))
+    assert [Path(p).name for p in averaged["averaged_checkpoints"]] == [
+        "checkpoint-2",
+        "checkpoint-3",
+        "checkpoint-4",
+    ]
+
+
+def test_rotation_orders_by_step_whatever_the_file_times(tmp_path: Path) -> None:
+    from hf_vanilla.durability import rotate_checkpoints_by_step
+
+    for step, age in ((10, 0), (15, 3000), (20, 2000), (25, 1000), (30, 500)):  # checkpoint-10 touched last
+        folder = tmp_path / f"checkpoint-{step}"
+        tiny_model().save_pretrained(folder)
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}), encoding="utf-8")
+        os.utime(folder, (folder.stat().st_mtime - age,) * 2)
+    deleted = rotate_checkpoints_by_step(tmp_path, 3)
+    assert [p.name for p in deleted] == ["checkpoint-10", "checkpoint-15"]
+    assert [p.name for p in find_complete_checkpoints(tmp_path)] == [
+        "checkpoint-20",
+        "checkpoint-25",
+        "checkpoint-30",
+    ]
+
+
+def test_evaluating_a_checkpoint_writes_beside_it_not_into_it(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = Path(shutil.copytree(world.run, tmp_path / "run"))
+    before = _snapshot(run / "checkpoint-1")
+    argv = ["--model_name_or_path", str(run / "checkpoint-1"), "--validation_files", str(world.data),
+            "--source_lang", "en", "--target_lang", "de", "--device", "cpu", "--max_eval_samples", "2"]  # fmt: skip
+    assert script_main("evaluate_bleu")(argv) == 0, capsys.readouterr().err[-2000:]
+    assert _snapshot(run / "checkpoint-1") == before
+    assert (run / "eval-checkpoint-1" / "validation.results.json").is_file()
+    with pytest.raises(SystemExit):
+        script_main("evaluate_bleu")(["--help"])
+    assert "RUN/eval-checkpoint-<step>" in capsys.readouterr().out  # the default is stated in --help
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_in_one_line(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The test holds the lock a live run holds (flock on the folder), then starts a second run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        status = script_main("train")(_train_argv(world.data, world.model, out, "--seed", "2"))
+    finally:
+        os.close(fd)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and err[-1].startswith("error: ") and "in use by another training run" in err[-1], err[
+        -5:
+    ]
+    assert list(out.iterdir()) == []  # the second run wrote nothing
+
+
+def test_a_killed_run_does_not_leave_its_folder_locked(world: World, tmp_path: Path) -> None:
+    from hf_vanilla.durability import RunInUseError, hold_run_dir
+
+    out = tmp_path / "out"
+    holder = subprocess.Popen(  # holds the folder as a training run does, says so, then waits to be killed
+        [sys.executable, "-c", "import sys; from hf_vanilla.durability import hold_run_dir\n"
+         f"with hold_run_dir({str(out)!r}):\n    print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(RunInUseError, match="in use by another training run"), hold_run_dir(out):
+            pass
+    finally:
+        holder.kill()  # SIGKILL: no handler, no cleanup
+        holder.wait(timeout=60)
+    assert script_main("train")(_train_argv(world.data, world.model, out)) == 0
+
+
+def test_a_non_finite_step_stops_before_the_save_on_sigterm(world: World, tmp_path: Path) -> None:
+    """A NaN loss at step 2 and SIGTERM at the same step: the run stops naming step 2, and neither the
+    signal's checkpoint nor any later one is written; checkpoint-1 is kept."""
+    from hf_vanilla.durability import NonFiniteTrainingError
+
+    tokenizer = _word_tokenizer()
+    data = load_local_files({"train": [str(world.data)]}, "en", "de")
+    train_set = tokenize_translations(data, tokenizer, "en", "de")["train"]
+    args = PaperTrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, warmup_steps=1, learning_rate=1e-3,
+                                  max_tokens=None, per_device_train_batch_size=4, save_steps=1, eval_strategy="no",
+                                  do_eval=False, logging_steps=100, report_to="none", disable_tqdm=True, use_cpu=True)  # fmt: skip
+    model = tiny_model()
+    signal_callback = SaveOnSignalCallback(exit_fn=lambda status: None)
+    trainer = PaperSeq2SeqTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
+                                  data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+                                  callbacks=[signal_callback])  # fmt: skip
+
+    def poison(module: torch.nn.Module, inputs: Any, output: Any) -> Any:
+        if trainer.state.global_step == 1:  # computing step 2
+            output.loss = output.loss * float("nan")
+            signal_callback.received = signal.SIGTERM
+        return output
+
+    model.register_forward_hook(poison)
+    with pytest.raises(NonFiniteTrainingError, match=r"Training step 2 gave a non-finite loss.*checkpoint-1"):
+        trainer.train()
+    assert sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*")) == ["checkpoint-1"]
+
+
+def test_a_diverging_run_keeps_the_last_good_checkpoint_and_saves_nothing_non_finite(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    status = script_main("train")(
+        _train_argv(world.data, world.model, out, "--learning_rate", "1e30", "--max_steps", "3")
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and "Training step 2 gave a non-finite loss" in err[-1], err[-5:]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]
+    assert not (out / "model.safetensors").exists()  # no final model
+    for weights in out.rglob("*.safetensors"):
+        assert all(torch.isfinite(t).all() for t in load_file(weights).values()), weights

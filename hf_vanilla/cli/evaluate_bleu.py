@@ -4,6 +4,9 @@ r"""Translate a split with the paper's decoding (§6.1) and report corpus BLEU a
         --validation_files /work/shared/data/multi30k/val --source_lang en --target_lang de \
         --split validation --output_dir runs/base/eval
 
+Without --output_dir the results go to <model>/eval, or for a training checkpoint RUN/checkpoint-<step>
+to RUN/eval-checkpoint-<step> beside it: nothing is written into a checkpoint unless asked.
+
     hf-vanilla-evaluate --model_name_or_path runs/wmt --sacrebleu_test_set wmt14 --language_pair de-en \
         --bleu_tokenize intl --output_dir runs/wmt/eval
 
@@ -33,6 +36,7 @@ from hf_vanilla.evaluation import (
     parallel_columns,
     result_files,
 )
+from hf_vanilla.safe_loading import checkpoint_step
 from hf_vanilla.translate import DecodingOptions, ModelArguments, load_model_and_tokenizer
 
 
@@ -40,7 +44,12 @@ from hf_vanilla.translate import DecodingOptions, ModelArguments, load_model_and
 class EvalArguments:
     split: str = field(default="validation", metadata={"help": "Which split to translate and score."})
     output_dir: str | None = field(
-        default=None, metadata={"help": "Where hypotheses and results go; default: <model>/eval."}
+        default=None,
+        metadata={
+            "help": "Where hypotheses and results go; default: <model>/eval, and for a training checkpoint "
+            "RUN/checkpoint-<step> the folder RUN/eval-checkpoint-<step> beside it (nothing is written into a "
+            "checkpoint unless you name a folder inside it)."
+        },
     )
     dataset_display_name: str | None = field(
         default=None, metadata={"help": "Name of the data on the model card, e.g. 'Multi30k (Task 1)'."}
@@ -65,6 +74,15 @@ class EvalArguments:
     overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
 
 
+def default_output_dir(model: str | Path) -> Path:
+    """``<model>/eval``; for a Trainer checkpoint ``RUN/checkpoint-<step>``, ``RUN/eval-checkpoint-<step>``
+    (beside it: a checkpoint's folder holds what the run wrote, nothing else)."""
+    model = Path(model)
+    if checkpoint_step(model) is not None:
+        return model.parent / f"eval-{model.name}"
+    return model / "eval"
+
+
 def _run(argv: list[str]) -> None:
     _, (model_args, data_args, decoding, eval_args) = parse_arguments(
         argv, (ModelArguments, DataArguments, DecodingOptions, EvalArguments), __doc__
@@ -77,7 +95,7 @@ def _run(argv: list[str]) -> None:
         data_args.source_lang, data_args.target_lang = eval_args.language_pair.split("-")
     src, tgt = data_args.source_lang, data_args.target_lang
     split = test_set or eval_args.split
-    output_dir = Path(eval_args.output_dir or Path(model_args.model_name_or_path) / "eval")
+    output_dir = Path(eval_args.output_dir or default_output_dir(model_args.model_name_or_path))
     for path in result_files(output_dir, split, tgt):  # before any work
         refuse_to_replace(path, eval_args.overwrite, "The evaluation output")
     if test_set:
