@@ -177,6 +177,12 @@ def test_average_checkpoints_script_picks_the_last_by_step(
     (run / "checkpoint-11" / "config.json").write_text("{}", encoding="utf-8")
     run_script("average_checkpoints", ["--run_dir", str(run), "--list_checkpoints"], monkeypatch)
     assert capsys.readouterr().out.splitlines() == [str(run / f"checkpoint-{s}") for s in (2, 9, 10)]
+    monkeypatch.setattr(
+        sys, "argv", ["x", "--run_dir", str(run), "--list_checkpoints", "--output_dir", "out"]
+    )
+    with pytest.raises(SystemExit) as exit_info:  # a usage error: --list_checkpoints writes nothing
+        runpy.run_path(str(REPO / "scripts" / "average_checkpoints.py"), run_name="__main__")
+    assert exit_info.value.code == 2 and "give only --run_dir" in capsys.readouterr().err
 
     run = tmp_path / "multi30k-base-3" / "train"
     fake_run(run, [10, 2, 9])
