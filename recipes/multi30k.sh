@@ -19,10 +19,24 @@
 #      by the clock (`timeout`) instead of a step count: how many steps fit depends on the load.
 #      Measured: 3,036 steps (12.8 epochs) in 50 minutes on a 2-core AMD EPYC with AVX-512 (run 3);
 #      2,422 steps (10.2 epochs) on a 2-core AMD EPYC with AVX2 (run 2).
-#   3. average the last 5 complete checkpoints (§6.1; the last 240 steps, ~1 epoch) (~10 s)
+#   3. average the last LAST_N (5) complete checkpoints by step number (§6.1; the last 240 steps,
+#      ~1 epoch) (~10 s): `average_checkpoints.py --run_dir OUT_DIR/train --last_n 5` picks them (the
+#      package's one "last N by step", not the shell's), prints them ("averaged: ..." here and in
+#      times.log) and records them in OUT_DIR/averaged/averaged_checkpoints.json
 #   4. beam 4, α = 0.6 (HF's |Y|^α), stop when no better hypothesis can appear (early_stopping never)
 #      on the full validation set (1014 sentences) with sacreBLEU (cased, 13a) (~35 s)
-#   5. (outside the budget) the same evaluation of the last single checkpoint, for comparison.
+#   5. (outside the budget) the same evaluation of the last complete checkpoint by step (named by
+#      `average_checkpoints.py --run_dir OUT_DIR/train --list_checkpoints`, printed as "last checkpoint: ..."),
+#      for comparison.
+#
+# Knobs (environment variables; the defaults are the measured run's): TRAIN_MINUTES (50), MAX_STEPS
+# (100000: the clock stops the run first), SAVE_STEPS (60), LAST_N (5), VOCAB_SIZE (8000), D_MODEL
+# (256), LAYERS (3), HEADS (4), FFN_DIM (1024), MAX_TOKENS (4000), WARMUP (400), LR (1e-3),
+# MAX_GRAD_NORM (0), OMP_NUM_THREADS (2). tests/test_scripts.py runs the recipe with a tiny model and a
+# few dozen steps.
+# Before issue 23 the recipe sorted the checkpoints itself with `sort -t- -k2 -n`, which splits on every
+# `-` of the path: with a hyphen in OUT_DIR it averaged steps 720-960 of a 3,675-step run (BLEU 30.46)
+# and evaluated step 960 as "the last checkpoint".
 # Measured, run 3 (2026-12-01, commit c8de35a, these defaults): 50 min 53 s in all, validation BLEU
 # 39.50 averaged (38.59 last checkpoint), chrF 59.35. Runs 1 and 2 (2026-11-29, 38.11 and 39.22) clipped
 # gradients at norm 1.0 and decoded with early_stopping=True (the defaults before issue 12). docs/recipe.md,
@@ -32,7 +46,14 @@ set -euo pipefail
 DATA_DIR=${1:?usage: $0 DATA_DIR OUT_DIR}
 OUT_DIR=${2:?usage: $0 DATA_DIR OUT_DIR}
 TRAIN_MINUTES=${TRAIN_MINUTES:-50}
+MAX_STEPS=${MAX_STEPS:-100000}
 SAVE_STEPS=${SAVE_STEPS:-60}
+LAST_N=${LAST_N:-5}
+VOCAB_SIZE=${VOCAB_SIZE:-8000}
+D_MODEL=${D_MODEL:-256}
+LAYERS=${LAYERS:-3}
+HEADS=${HEADS:-4}
+FFN_DIM=${FFN_DIM:-1024}
 MAX_TOKENS=${MAX_TOKENS:-4000}
 WARMUP=${WARMUP:-400}
 LR=${LR:-1e-3}
@@ -44,15 +65,16 @@ stamp() { echo "[$(date -u +%H:%M:%S)] $* | $(uptime | sed 's/.*load/load/')" | 
 
 stamp "start tokenizer"
 python "$REPO/scripts/train_tokenizer.py" --train_files "$DATA_DIR/train" \
-    --source_lang de --target_lang en --vocab_size 8000 --output_dir "$OUT_DIR/tokenizer"
+    --source_lang de --target_lang en --vocab_size "$VOCAB_SIZE" --output_dir "$OUT_DIR/tokenizer"
 
 stamp "start training (${TRAIN_MINUTES} min)"
 status=0
 timeout --signal=TERM "${TRAIN_MINUTES}m" python "$REPO/scripts/train.py" \
     --train_files "$DATA_DIR/train" --validation_files "$DATA_DIR/val" \
     --source_lang de --target_lang en --tokenizer_name_or_path "$OUT_DIR/tokenizer" \
-    --d_model 256 --layers 3 --attention_heads 4 --ffn_dim 1024 --dropout 0.1 --label_smoothing 0.1 \
-    --max_tokens "$MAX_TOKENS" --warmup_steps "$WARMUP" --learning_rate "$LR" --max_steps 100000 \
+    --d_model "$D_MODEL" --layers "$LAYERS" --attention_heads "$HEADS" --ffn_dim "$FFN_DIM" --dropout 0.1 \
+    --label_smoothing 0.1 --max_tokens "$MAX_TOKENS" --warmup_steps "$WARMUP" --learning_rate "$LR" \
+    --max_steps "$MAX_STEPS" \
     --max_grad_norm "$MAX_GRAD_NORM" \
     --save_steps "$SAVE_STEPS" --save_only_model --eval_strategy no --do_eval false \
     --logging_steps 10 --disable_tqdm true --report_to none --output_dir "$OUT_DIR/train" \
@@ -63,11 +85,15 @@ if [ "$status" -ne 124 ] && [ "$status" -ne 0 ]; then
 fi
 
 stamp "start averaging"
-# Complete checkpoints only (the clock may stop training while a checkpoint is being written).
-mapfile -t CKPTS < <(for d in "$OUT_DIR"/train/checkpoint-*; do
-    [ -f "$d/trainer_state.json" ] && [ -f "$d/model.safetensors" ] && echo "$d"; done | sort -t- -k2 -n | tail -n 5)
-echo "averaging: ${CKPTS[*]}" | tee -a "$OUT_DIR/times.log"
-python "$REPO/scripts/average_checkpoints.py" --checkpoints "${CKPTS[@]}" --output_dir "$OUT_DIR/averaged"
+# The package picks the checkpoints: the last LAST_N checkpoint-<step> folders by step number, whatever
+# the characters of OUT_DIR; averaged/averaged_checkpoints.json records them.
+python "$REPO/scripts/average_checkpoints.py" --run_dir "$OUT_DIR/train" --last_n "$LAST_N" \
+    --output_dir "$OUT_DIR/averaged"
+echo "averaged: $(python -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))["averaged_checkpoints"]))' \
+    "$OUT_DIR/averaged/averaged_checkpoints.json")" | tee -a "$OUT_DIR/times.log"
+# The newest complete checkpoint (the last line of the package's listing, oldest first by step).
+LAST=$(python "$REPO/scripts/average_checkpoints.py" --run_dir "$OUT_DIR/train" --list_checkpoints | tail -n 1)
+echo "last checkpoint: $LAST" | tee -a "$OUT_DIR/times.log"
 
 stamp "start evaluation of the averaged model"
 python "$REPO/scripts/evaluate_bleu.py" --model_name_or_path "$OUT_DIR/averaged" \
@@ -76,7 +102,7 @@ python "$REPO/scripts/evaluate_bleu.py" --model_name_or_path "$OUT_DIR/averaged"
     --early_stopping never --output_dir "$OUT_DIR/eval_averaged"
 stamp "end of the 60-minute budget"
 
-python "$REPO/scripts/evaluate_bleu.py" --model_name_or_path "${CKPTS[-1]}" \
+python "$REPO/scripts/evaluate_bleu.py" --model_name_or_path "$LAST" \
     --tokenizer_name_or_path "$OUT_DIR/tokenizer" --validation_files "$DATA_DIR/val" \
     --source_lang de --target_lang en --split validation --num_beams 4 --length_penalty 0.6 \
     --early_stopping never --output_dir "$OUT_DIR/eval_last"

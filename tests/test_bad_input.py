@@ -212,6 +212,12 @@ CLI_CASES: dict[str, Case] = {
         "holds the checkpoint",
         lambda w, t: w.run,
     ),
+    "list the checkpoints of a folder that has none": Case(
+        "average_checkpoints",
+        lambda w, t: ["--run_dir", str(t / "out"), "--list_checkpoints"],
+        "No complete checkpoint-<step> folders",
+        lambda w, t: _folder(t),
+    ),
     "average a damaged checkpoint with --overwrite": Case(
         "average_checkpoints",
         lambda w, t: [
