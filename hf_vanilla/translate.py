@@ -222,9 +222,7 @@ def check_nbest(nbest: int | None, num_beams: int) -> None:
             f"--nbest {nbest}: give at least 1 (the number of translations per line), or leave it out."
         )
     if nbest > num_beams:
-        raise ValueError(
-            f"--nbest {nbest} needs a beam at least that wide: --num_beams >= {nbest} (now {num_beams})."
-        )
+        raise ValueError(f"--nbest {nbest} needs --num_beams >= {nbest} (now {num_beams}).")
 
 
 @torch.inference_mode()
