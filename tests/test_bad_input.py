@@ -526,6 +526,13 @@ def test_bad_input_ends_in_one_line_and_loses_nothing(
 # --------------------------------------------------------------------------------------------------
 # Library calls that must raise ValueError saying what is wrong
 # --------------------------------------------------------------------------------------------------
+def _app() -> Any:
+    """:mod:`hf_vanilla.app`, imported when a case needs it (it imports gradio)."""
+    import hf_vanilla.app
+
+    return hf_vanilla.app
+
+
 API_CASES: dict[str, tuple[Callable[[], Any], str]] = {
     "generate() on an empty batch": (
         lambda: tiny_model().generate(input_ids=torch.zeros(0, 5, dtype=torch.long)),
@@ -567,6 +574,10 @@ API_CASES: dict[str, tuple[Callable[[], Any], str]] = {
             generate_kwargs={"num_return_sequences": 2},
         ),
         "num_return_sequences=2: translation keeps one hypothesis per sentence; for the 2 best, pass nbest=2",
+    ),
+    "the web demo with a sentence longer than the model takes": (
+        lambda: _app().translate_with_attention(tiny_model(), _word_tokenizer(), " ".join(["w1"] * 80)),
+        "The typed sentence: 81 tokens, more than the model's longest input of 64",
     ),
     "translate_nbest() with nbest=0": (
         lambda: translate_nbest(tiny_model(), _word_tokenizer(), ["w1"], device="cpu", nbest=0),
