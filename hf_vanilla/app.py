@@ -38,7 +38,7 @@ from matplotlib.figure import Figure
 
 from hf_vanilla.cli import DEBUG_EPILOG, run_cli
 from hf_vanilla.plotting import attention_mean_figure, cross_attention
-from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
+from hf_vanilla.translate import ModelArguments, check_input_length, load_model_and_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -60,14 +60,16 @@ def translate_with_attention(model: Any, tokenizer: Any, text: str) -> tuple[str
     """Translate ``text`` with the model's decoding defaults and draw the cross-attention of that
     translation (mean over layers and heads; source tokens across, target tokens down).
 
-    Returns ``("", None)`` for blank input. The figure is of exactly the tokens ``generate()``
+    Returns ``("", None)`` for blank input; a sentence longer than the model takes raises
+    :class:`hf_vanilla.translate.InputTooLongError` (:func:`~hf_vanilla.translate.check_input_length`). The figure is of exactly the tokens ``generate()``
     produced (the final ``</s>`` included), not of a re-tokenised translation.
     """
     text = text.strip()
     if not text:
         return "", None
     device = next(model.parameters()).device
-    encoded = tokenizer(text, truncation=True, return_tensors="pt").to(device)
+    encoded = tokenizer(text, return_tensors="pt").to(device)
+    check_input_length(model, tokenizer, encoded["input_ids"].shape[1], where="The typed sentence")
     with torch.no_grad():
         generated = model.generate(**encoded)[0]
     if int(generated[0]) == model.config.decoder_start_token_id:

@@ -48,6 +48,7 @@ from hf_vanilla.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     sinusoidal_position_encoding,
 )
+from hf_vanilla.safe_loading import CheckpointError, verify_pickle_file
 
 logger = logging.getLogger(__name__)
 
@@ -380,8 +381,25 @@ def load_source_model(folder: str | Path, source_format: str = "auto") -> tuple[
         raise ConversionError(
             f"--from {source_format} was given, but {str(folder)!r} holds a {model_type!r} model."
         )
+    _check_pickled_weights(Path(folder))
     model = SOURCE_FORMATS[model_type].from_pretrained(folder, dtype=torch.float32)
     return model.eval(), model_type
+
+
+def _check_pickled_weights(folder: Path) -> None:
+    """A folder whose weights are pickled (``pytorch_model*.bin``, no ``model*.safetensors``) is read only
+    if each file is plain tensor data (:func:`hf_vanilla.safe_loading.verify_pickle_file`, which runs
+    nothing); otherwise one line says to use safetensors weights."""
+    if any(folder.glob("model*.safetensors")):
+        return
+    for path in sorted(folder.glob("pytorch_model*.bin")):
+        try:
+            verify_pickle_file(path, check_contents=False)
+        except CheckpointError as err:
+            raise ConversionError(
+                f"{err} To convert this model, use a copy with model.safetensors weights (most OPUS-MT models on "
+                "the Hub have one), or convert this file to safetensors where you trust its origin."
+            ) from None
 
 
 def _copy_side_files(source: Path, output_dir: Path) -> list[str]:

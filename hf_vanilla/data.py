@@ -20,7 +20,8 @@ Sources (see `DataArguments`):
 Whitespace: each sentence loses its line terminator (`\\n` or `\\r\\n`; lines are split on `\\n`
 only, so a stray `\\r` or U+2028 inside a sentence stays put) and then leading and trailing whitespace
 (`str.strip()`). Whitespace inside a sentence is kept as is. Multi30k has 40 German training lines
-ending in a space; they lose it, which changes no word.
+ending in a space; they lose it, which changes no word. A UTF-8 byte-order mark at the start of a file
+is dropped; a line that is not UTF-8 text is refused naming the file and line.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import gzip
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from hf_vanilla.demo_numbers import make_demo_splits
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
+#: A UTF-8 byte-order mark, which some editors put at the start of a text file: dropped when read.
+BOM = "\ufeff"
 
 _LOCAL_FILES_HELP = (
     "To use local files instead, pass them per split, e.g. "
@@ -325,11 +328,11 @@ def _columns_to_translation(
 # ----------------------------------------------------------------------------------------------------
 
 
-def _open_text(path: Path):
-    """Open a UTF-8 text file (gzip if it ends in .gz) that splits lines on '\\n' only."""
+def _open_bytes(path: Path):
+    """Open a file (gzip if it ends in .gz) for reading bytes; iterating it splits lines on b'\\n' only."""
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8", newline="\n")
-    return open(path, encoding="utf-8", newline="\n")
+        return gzip.open(path, "rb")
+    return open(path, "rb")
 
 
 def _check_file(path: Path) -> None:
@@ -337,16 +340,41 @@ def _check_file(path: Path) -> None:
         raise FileNotFoundError(f"Data file {str(path)!r} does not exist (or is not a file).")
 
 
+def text_lines(stream: Iterable[bytes | str], name: str) -> Iterator[str]:
+    """The lines of ``stream`` (bytes, or already decoded text) without their line ends and without a
+    UTF-8 byte-order mark at the start. A line that is not UTF-8 text or holds a NUL byte raises
+    ``ValueError`` naming ``name`` and the line number."""
+    for number, raw in enumerate(stream, start=1):
+        if isinstance(raw, bytes):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{name}, line {number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1} "
+                    "of the line). Give plain UTF-8 text, one sentence per line (convert other encodings with "
+                    "e.g. `iconv -f latin1 -t utf-8`)."
+                ) from None
+        else:
+            line = raw
+        if number == 1:
+            line = line.removeprefix(BOM)
+        if "\x00" in line:
+            raise ValueError(
+                f"{name}, line {number}: a NUL byte, so this is binary data, not text. Give plain UTF-8 text, "
+                "one sentence per line."
+            )
+        yield line.rstrip("\n").rstrip("\r")
+
+
 def _read_lines(path: Path) -> Iterator[str]:
     """Lines of a text file without their terminator (see the module docstring on whitespace)."""
     _check_file(path)
     try:
-        with _open_text(path) as handle:
-            for line in handle:
-                yield line.rstrip("\n").rstrip("\r")
-    except (UnicodeDecodeError, OSError, EOFError) as err:
+        with _open_bytes(path) as handle:
+            yield from text_lines(handle, str(path))
+    except (OSError, EOFError) as err:
         raise ValueError(
-            f"Cannot read {str(path)!r} as UTF-8 text{' (gzip)' if path.suffix == '.gz' else ''}: {err}"
+            f"Cannot read {str(path)!r}{' as gzip' if path.suffix == '.gz' else ''}: {err}"
         ) from err
 
 
@@ -474,6 +502,26 @@ def read_split_files(files: Sequence[str], source_lang: str, target_lang: str) -
     raise FileNotFoundError(
         f"No data found for {files[0]!r}: it is not a file, and as a prefix these are missing: {', '.join(missing)}."
     )
+
+
+def pair_location(files: Sequence[str], source_lang: str, target_lang: str, index: int) -> str:
+    """Where pair ``index`` (0-based) of a split read by :func:`read_split_files` from ``files`` is:
+    ``"<source file>, line <n>"`` (a .jsonl file's blank lines are skipped when reading, and counted here)."""
+    files = list(files)
+    if len(files) == 2:
+        return f"{files[0]}, line {index + 1}"
+    path = Path(files[0])
+    kind = _format_of(path)
+    if kind is None:
+        source = _resolve_prefix(files[0], source_lang)
+        return f"{source or path}, line {index + 1}"
+    if kind == "jsonl":
+        seen = -1
+        for number, line in enumerate(_read_lines(path), start=1):
+            seen += bool(line.strip())
+            if seen == index:
+                return f"{path}, line {number}"
+    return f"{path}, line {index + 1}"
 
 
 def load_local_files(

@@ -28,7 +28,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,22 @@ DEMO_DATASET = DatasetCard(
 )
 
 
+#: What ``--quick`` runs with; a size flag set to another value is refused with it. The ones in
+#: :data:`QUICK_CAPS` are upper bounds: a smaller value given with ``--quick`` is kept.
+QUICK_SETTINGS = {
+    "max_steps": 20,
+    "warmup_steps": 5,
+    "train_size": 300,
+    "validation_size": 20,
+    "test_size": 40,
+    "d_model": 32,
+    "ffn_dim": 64,
+    "layers": 1,
+    "eval_times": 1,
+}
+QUICK_CAPS = frozenset({"max_steps", "warmup_steps"})
+
+
 @dataclass
 class DemoArguments:
     """The demo's settings; the defaults reach ≥ 99 % exact match in a few minutes on 2 CPU cores."""
@@ -81,7 +97,10 @@ class DemoArguments:
     overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
     quick: bool = field(
         default=False,
-        metadata={"help": "A tiny run (seconds) that checks the plumbing; accuracy will be low."},
+        metadata={
+            "help": "A tiny run (seconds) that checks the plumbing; accuracy will be low. It sets the sizes "
+            "itself: other size flags are refused with it (smaller --max_steps and --warmup_steps are kept)."
+        },
     )
     max_number: int = field(default=9999, metadata={"help": "Numbers are drawn from 0..max_number."})
     train_size: int = field(default=6000, metadata={"help": "Training pairs."})
@@ -120,11 +139,25 @@ class DemoArguments:
 
     def __post_init__(self) -> None:
         if self.quick:
-            self.max_steps = min(self.max_steps, 20)
-            self.train_size, self.validation_size, self.test_size = 300, 20, 40
-            self.d_model, self.ffn_dim, self.layers = 32, 64, 1
-            self.warmup_steps = min(self.warmup_steps, 5)
-            self.eval_times = 1
+            defaults = {f.name: f.default for f in fields(self)}
+            changed = [
+                f"--{name} {getattr(self, name)}"
+                for name, value in QUICK_SETTINGS.items()
+                if getattr(self, name) != defaults[name]
+                and not (name in QUICK_CAPS and getattr(self, name) <= value)
+            ]
+            if changed:
+                raise ValueError(
+                    f"--quick sets its own sizes and would ignore {', '.join(changed)}: drop --quick to use them, "
+                    "or drop them for the quick run (--max_steps and --warmup_steps up to its own are kept)."
+                )
+            for name, value in QUICK_SETTINGS.items():
+                setattr(self, name, min(getattr(self, name), value) if name in QUICK_CAPS else value)
+        for name in ("train_size", "test_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be at least 1 pair, got {getattr(self, name)}.")
+        if self.validation_size < 0:
+            raise ValueError(f"--validation_size must be 0 or more pairs, got {self.validation_size}.")
         if self.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {self.threads}.")
         if self.max_steps < 1:

@@ -24,6 +24,7 @@ from sacrebleu.metrics.bleu import BLEU
 
 from hf_vanilla.data import hub_offline
 from hf_vanilla.durability import atomic_file
+from hf_vanilla.safe_loading import weights_fingerprint
 from hf_vanilla.translate import DecodingOptions, translate
 
 logger = logging.getLogger(__name__)
@@ -207,8 +208,8 @@ def load_sacrebleu_test_set(name: str, language_pair: str) -> tuple[list[str], l
             f"sacreBLEU test set {name} {language_pair} could not be fetched into {cached} ({err or 'download failed'}): "
             "check the connection, or pass the files with --validation_files."
         ) from None
-    sources = Path(source_file).read_text(encoding="utf-8").splitlines()
-    references = [Path(f).read_text(encoding="utf-8").splitlines() for f in reference_files]
+    sources = Path(source_file).read_text(encoding="utf-8-sig").splitlines()
+    references = [Path(f).read_text(encoding="utf-8-sig").splitlines() for f in reference_files]
     return sources, [list(segment) for segment in zip(*references, strict=True)]
 
 
@@ -243,7 +244,8 @@ def evaluate_split_into(
     **kwargs: Any,
 ) -> tuple[dict[str, Any], Path]:
     """Translate and score one split as ``hf-vanilla-evaluate`` does, writing its :func:`result_files`
-    (existing ones are replaced). The results name the split, the languages, the model and the data, as the
+    (existing ones are replaced). The results name the split, the languages, the model (its name and, for a
+    local folder, ``model_sha256``: :func:`hf_vanilla.safe_loading.weights_fingerprint`) and the data, as the
     model card needs them. Keyword arguments go to :func:`evaluate_translations`. Returns the results and
     the path of the results file."""
     hypotheses_file, results_file = result_files(output_dir, split, target_lang)
@@ -255,6 +257,7 @@ def evaluate_split_into(
         source_lang=source_lang,
         target_lang=target_lang,
         model=model_name,
+        model_sha256=weights_fingerprint(model_name),
         dataset_name=dataset_name,
     )
     return results, write_results(results, results_file)

@@ -46,7 +46,7 @@ from hf_vanilla.modeling_vanilla_transformer import (
 )
 from hf_vanilla.pipeline_vanilla_transformer import TASK as PIPELINE_TASK
 from hf_vanilla.pipeline_vanilla_transformer import VanillaTranslationPipeline
-from hf_vanilla.safe_loading import PICKLE_SUFFIXES
+from hf_vanilla.safe_loading import PICKLE_SUFFIXES, weights_fingerprint
 from hf_vanilla.translate import EARLY_STOPPING
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ __all__ = [
     "HubPushError",
     "PublishArguments",
     "card_data_recorded_in",
+    "check_results_model",
     "dataset_card_from_args",
     "default_template_path",
     "finish_model_folder",
@@ -580,14 +581,70 @@ def card_data_recorded_in(folder: str | Path, args: DatasetCardArguments) -> Non
     )
 
 
-def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Read evaluation results; all must share languages and decoding settings."""
+def _read_result(path: Path) -> dict[str, Any]:
+    """One ``<split>.results.json``: a JSON object whose ``decoding`` names the beam size and α."""
+    try:
+        result = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(
+            f"--results_files {path}: not a JSON results file ({err}); write it with hf-vanilla-evaluate."
+        ) from None
+    if not isinstance(result, dict):
+        raise ValueError(
+            f"--results_files {path}: a JSON {type(result).__name__}, not the object hf-vanilla-evaluate writes; "
+            "pass the <split>.results.json it wrote."
+        )
+    decoding = result.get("decoding")
+    if not isinstance(decoding, dict) or not {"num_beams", "length_penalty"} <= set(decoding):
+        raise ValueError(
+            f"--results_files {path}: its 'decoding' ({decoding!r}) does not name num_beams and length_penalty; "
+            "write the file with hf-vanilla-evaluate."
+        )
+    return result
+
+
+def check_results_model(path: str | Path, result: dict[str, Any], model_dir: str | Path) -> None:
+    """Refuse results that scored another model than ``model_dir``: the weights fingerprint
+    (``model_sha256``, :func:`hf_vanilla.safe_loading.weights_fingerprint`) must match; a file written
+    before fingerprints were recorded must name the same folder (``model``)."""
+    recorded, named = result.get("model_sha256"), result.get("model")
+    redo = f"evaluate it (hf-vanilla-evaluate --model_name_or_path {model_dir} ...) and pass those results."
+    if recorded is not None:
+        if recorded != weights_fingerprint(model_dir):
+            raise ValueError(
+                f"--results_files {path} scored other weights (model {named}) than --model_name_or_path "
+                f"{model_dir}: the card must show this model's scores; {redo}"
+            )
+        return
+    if named is None:
+        raise ValueError(f"--results_files {path} names no model, so its scores cannot be checked: {redo}")
+    same = (
+        Path(named).resolve() == Path(model_dir).resolve()
+        if Path(named).exists()
+        else named == str(model_dir)
+    )
+    if not same:
+        raise ValueError(
+            f"--results_files {path} scored model {named}, not --model_name_or_path {model_dir}: the card must "
+            f"show this model's scores; {redo}"
+        )
+    logger.warning(
+        "%s records no weights fingerprint (an older hf-vanilla-evaluate): checked by path only.", path
+    )
+
+
+def load_results(paths: Sequence[str | Path], model_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """Read evaluation results; all must share languages and decoding settings and, with ``model_dir``,
+    have scored that model (:func:`check_results_model`)."""
     if not paths:
         raise ValueError(
             "The model card needs measured scores: run hf-vanilla-evaluate first and pass its "
             "<split>.results.json with --results_files."
         )
-    results = [json.loads(Path(path).read_text(encoding="utf-8")) for path in paths]
+    results = [_read_result(Path(path)) for path in paths]
+    if model_dir is not None:
+        for path, result in zip(paths, results, strict=True):
+            check_results_model(path, result, model_dir)
     for key in ("source_lang", "target_lang", "decoding"):
         values = {json.dumps(result.get(key), sort_keys=True) for result in results}
         if len(values) > 1:
@@ -618,7 +675,9 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
     """Write the Hub folder for ``model`` (see :func:`save_for_hub`) and push it if ``args.push_to_hub``.
 
     The generation config in the folder is set to the beam size, α and stopping rule that produced the
-    card's scores. An existing ``output_dir`` is refused (``FileExistsError``) unless ``args.overwrite``;
+    card's scores. With ``model_dir`` (the folder ``model`` was loaded from) every results file must have
+    scored that model (:func:`check_results_model`); without it nothing can be compared, so the caller
+    vouches for the scores. An existing ``output_dir`` is refused (``FileExistsError``) unless ``args.overwrite``;
     the folder is written under a temporary name and then replaces the old one whole, so it holds exactly
     what would be pushed (no stale files, no hand-written README.md kept by accident) and a failure leaves
     the old one as it was. Raises :class:`HubPushError` (folder kept) when the push fails.
@@ -628,7 +687,7 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
     folder = Path(args.output_dir)
     if not args.push_only:
         refuse_to_replace(folder, args.overwrite, "--output_dir")
-        results = load_results(args.results_files or [])
+        results = load_results(args.results_files or [], model_dir)
         decoding = results[0]["decoding"]
         model.generation_config.num_beams = decoding["num_beams"]
         model.generation_config.length_penalty = decoding["length_penalty"]

@@ -30,7 +30,7 @@ from tokenizers import decoders
 
 from hf_vanilla.durability import atomic_file, checkpoint_folders
 from hf_vanilla.modeling_vanilla_transformer import sinusoidal_position_encoding
-from hf_vanilla.translate import paper_generation_kwargs
+from hf_vanilla.translate import check_input_length, paper_generation_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -279,7 +279,8 @@ def cross_attention_for_pair(
         target token *t* (its input is the previous token, starting from the decoder start token).
     """
     device = next(model.parameters()).device
-    encoded = tokenizer(source, truncation=True, return_tensors="pt").to(device)
+    encoded = tokenizer(source, return_tensors="pt").to(device)
+    check_input_length(model, tokenizer, encoded["input_ids"].shape[1], where="--sentence")
     start = model.config.decoder_start_token_id
     if target is None:
         kwargs = {**paper_generation_kwargs(), **generate_kwargs}
@@ -297,10 +298,12 @@ def cross_attention(
 ) -> tuple[np.ndarray, list[str], list[str]]:
     """The cross-attention weights of ``source`` → ``target_ids`` (a target as token ids, without the
     decoder start token, e.g. a translation ``generate()`` made) and the readable labels of both
-    sides; see :func:`cross_attention_for_pair` for the shapes. The source is cut at the
-    tokenizer's ``model_max_length``, as for translation."""
+    sides; see :func:`cross_attention_for_pair` for the shapes. A source longer than the
+    model's longest input (:func:`hf_vanilla.translate.check_input_length`, as for translation) raises
+    :class:`hf_vanilla.translate.InputTooLongError`."""
     device = next(model.parameters()).device
-    encoded = tokenizer(source, truncation=True, return_tensors="pt").to(device)
+    encoded = tokenizer(source, return_tensors="pt").to(device)
+    check_input_length(model, tokenizer, encoded["input_ids"].shape[1], where="--sentence")
     start = model.config.decoder_start_token_id
     target_ids = torch.as_tensor(target_ids, device=device).flatten()
     decoder_input_ids = torch.cat([torch.tensor([start], device=device), target_ids[:-1]]).unsqueeze(0)

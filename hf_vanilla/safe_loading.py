@@ -56,6 +56,7 @@ __all__ = [
     "verify_model_folder",
     "verify_pickle_file",
     "verify_safetensors_file",
+    "weights_fingerprint",
     "write_checksums",
 ]
 
@@ -303,6 +304,23 @@ def _sha256(path: Path) -> str:
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
+    return digest.hexdigest()
+
+
+def weights_fingerprint(folder: str | Path) -> str | None:
+    """A sha256 over the weights files of a local model folder (``model*.safetensors``, else
+    ``pytorch_model*.bin``: their names and contents, sorted by name), which identifies the weights
+    wherever the folder is copied; ``None`` for a name that is not a local folder or a folder without
+    weights. Evaluation results record it so that publishing can check which model they scored."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    weights = sorted(folder.glob("model*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
+    if not weights:
+        return None
+    digest = hashlib.sha256()
+    for path in weights:
+        digest.update(f"{_sha256(path)}  {path.name}\n".encode())
     return digest.hexdigest()
 
 

@@ -39,12 +39,13 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, TextIO
+from typing import Any, Literal
 
 import torch
 from transformers import AutoModelForSeq2SeqLM
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
+from hf_vanilla.data import text_lines
 from hf_vanilla.durability import atomic_file, refuse_to_replace
 from hf_vanilla.quantization import check_route, from_pretrained_kwargs, quantize_loaded
 from hf_vanilla.safe_loading import load_pretrained_checked
@@ -74,6 +75,8 @@ __all__ = [
     "InputTooLongError",
     "ModelArguments",
     "check_dtype",
+    "check_input_length",
+    "check_nbest",
     "format_nbest",
     "generate_hypotheses",
     "generate_ids",
@@ -210,6 +213,18 @@ def _greedy_scores(outputs: Any, eos_id: int, length_penalty: float) -> torch.Te
     return log_probs.masked_fill(~counted, 0.0).sum(dim=1) / lengths**length_penalty
 
 
+def check_nbest(nbest: int | None, num_beams: int) -> None:
+    """Refuse an n-best list size below 1 or wider than the beam, naming the flag to change."""
+    if nbest is None:
+        return
+    if nbest < 1:
+        raise ValueError(
+            f"--nbest {nbest}: give at least 1 (the number of translations per line), or leave it out."
+        )
+    if nbest > num_beams:
+        raise ValueError(f"--nbest {nbest} needs --num_beams >= {nbest} (now {num_beams}).")
+
+
 @torch.inference_mode()
 def generate_hypotheses(
     model: Any,
@@ -228,11 +243,14 @@ def generate_hypotheses(
     log P(Y | X) / ((5 + |Y|) / 6)^α. See the module docstring for the length bound and both penalties.
     """
     options = options or DecodingOptions()
-    if nbest is not None and not 1 <= nbest <= options.num_beams:
+    check_nbest(nbest, options.num_beams)
+    if generate_kwargs.get("num_return_sequences", 1) != 1:
+        wanted = generate_kwargs["num_return_sequences"]
         raise ValueError(
-            f"--nbest {nbest} needs a beam at least that wide and at least 1: --num_beams >= {nbest} "
-            f"(now {options.num_beams})."
+            f"num_return_sequences={wanted}: translation keeps one hypothesis per sentence; for the "
+            f"{wanted} best, pass nbest={wanted} (translate_nbest, hf-vanilla-translate --nbest {wanted})."
         )
+    generate_kwargs.pop("num_return_sequences", None)
     eos_id = _eos_id(model)
     kwargs = {**paper_generation_kwargs(options), **generate_kwargs}
     gnmt = options.length_penalty_type == "gnmt"
@@ -472,9 +490,15 @@ class CTranslate2Model:
         generation = folder / "generation_config.json"
         defaults = json.loads(generation.read_text(encoding="utf-8")) if generation.is_file() else {}
         self.max_length_offset = int(defaults.get("max_length_offset", 50))
-        self.translator = ctranslate2.Translator(
-            str(folder), device=device.type, device_index=device.index or 0, compute_type=compute_type
-        )
+        try:
+            self.translator = ctranslate2.Translator(
+                str(folder), device=device.type, device_index=device.index or 0, compute_type=compute_type
+            )
+        except RuntimeError as err:  # CTranslate2 names neither the file nor what to do
+            raise ValueError(
+                f"{folder / 'model.bin'}: CTranslate2 cannot load it ({str(err).splitlines()[0] if str(err) else err!r}); "
+                "if it is damaged or incomplete, export it again with hf-vanilla-export-ct2."
+            ) from err
 
     def generate_hypotheses(
         self,
@@ -487,8 +511,7 @@ class CTranslate2Model:
         """What :func:`generate_hypotheses` returns, for unpadded ``input_ids``."""
         if options.length_penalty_type == "gnmt":
             raise ValueError("--length_penalty_type gnmt needs the transformers backend (n-best rescoring).")
-        if nbest is not None and not 1 <= nbest <= options.num_beams:
-            raise ValueError(f"--nbest {nbest} needs --num_beams >= {nbest} (now {options.num_beams}).")
+        check_nbest(nbest, options.num_beams)
         # generate() ends each sentence with </s> at its input length + offset: that many tokens minus one
         bounds = [len(ids) + self.max_length_offset - 1 for ids in input_ids]
         longest = max(bounds) if max_new_tokens is None else min(max(bounds), max_new_tokens)
@@ -544,6 +567,17 @@ class InputTooLongError(ValueError):
         )
 
 
+def check_input_length(
+    model: Any, tokenizer: Any, length: int, index: int = 0, where: str | None = None
+) -> None:
+    """Raise :class:`InputTooLongError` (naming ``where``, default "sentence <index + 1>") when ``length``
+    tokens exceed :func:`longest_input`: the one check of the model's length limit that translation,
+    evaluation and the attention plots share."""
+    limit = longest_input(model, tokenizer)
+    if limit is not None and length > limit:
+        raise InputTooLongError(index, length, limit, where)
+
+
 def _batches(
     order: list[int], lengths: dict[int, int], batch_size: int, max_tokens: int
 ) -> Iterator[list[int]]:
@@ -564,23 +598,28 @@ def _batches(
 def translate_nbest(
     model: Any,
     tokenizer: Any,
-    sentences: Sequence[str],
+    sentences: Sequence[str] | str,
     options: DecodingOptions | None = None,
     batch_size: int = 64,
     device: str | torch.device | None = None,
     generate_kwargs: dict[str, Any] | None = None,
     nbest: int | None = None,
     max_tokens: int = 0,
-) -> list[list[Hypothesis]]:
+) -> list[list[Hypothesis]] | list[Hypothesis]:
     """Translate ``sentences`` in batches; per sentence, in input order, its hypotheses: one without
     ``nbest`` (score ``None``), else the ``nbest`` best with scores, best first (see
-    :func:`generate_hypotheses`). A blank sentence gets no hypothesis (an empty list).
+    :func:`generate_hypotheses`). A blank sentence gets no hypothesis (an empty list). A bare string is
+    one sentence: its hypotheses are returned (a list of :class:`Hypothesis`, not a list of lists).
 
     ``model`` is a transformers model or a :class:`CTranslate2Model` (then ``generate_kwargs`` may only
     hold ``max_new_tokens``). Batches hold at most ``batch_size`` sentences and, with ``max_tokens``, at
     most that many padded source tokens. A sentence longer than :func:`longest_input` raises
     :class:`InputTooLongError` before anything is translated.
     """
+    if isinstance(sentences, str):  # one sentence, not a sequence of one-character sentences
+        return translate_nbest(
+            model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, nbest, max_tokens
+        )[0]
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be a positive integer, got {batch_size}.")
     if max_tokens < 0:
@@ -590,6 +629,7 @@ def translate_nbest(
             "The tokenizer has no pad token: set tokenizer.pad_token (e.g. '<pad>') before translating."
         )
     options = options or DecodingOptions()
+    check_nbest(nbest, options.num_beams)
     generate_kwargs = dict(generate_kwargs or {})
     ct2 = isinstance(model, CTranslate2Model)
     if ct2:
@@ -612,11 +652,8 @@ def translate_nbest(
         return results
     ids = dict(zip(todo, tokenizer([sentences[i] for i in todo])["input_ids"], strict=True))
     lengths = {i: len(row) for i, row in ids.items()}
-    limit = longest_input(model, tokenizer)
-    if limit is not None:
-        for i in todo:
-            if lengths[i] > limit:
-                raise InputTooLongError(i, lengths[i], limit)
+    for i in todo:
+        check_input_length(model, tokenizer, lengths[i], i)
     order = sorted(todo, key=lambda i: lengths[i], reverse=True)
     done = 0
     for indices in _batches(order, lengths, batch_size, max_tokens):
@@ -642,14 +679,15 @@ def translate_nbest(
 def translate(
     model: Any,
     tokenizer: Any,
-    sentences: Sequence[str],
+    sentences: Sequence[str] | str,
     options: DecodingOptions | None = None,
     batch_size: int = 64,
     device: str | torch.device | None = None,
     generate_kwargs: dict[str, Any] | None = None,
     max_tokens: int = 0,
-) -> list[str]:
-    """Translate ``sentences`` in batches and return the translations in input order.
+) -> list[str] | str:
+    """Translate ``sentences`` in batches and return the translations in input order; a bare string is one
+    sentence and gives one string.
 
     Sentences are sorted by token length so each batch holds similar lengths (less padding), then the
     original order is restored. Empty or blank lines are not sent to the model and give empty lines.
@@ -661,6 +699,10 @@ def translate(
     ``ValueError`` before anything is translated, as does a sentence longer than the model's longest
     input (:class:`InputTooLongError`).
     """
+    if isinstance(sentences, str):
+        return translate(
+            model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, max_tokens
+        )[0]
     hypotheses = translate_nbest(
         model, tokenizer, sentences, options, batch_size, device, generate_kwargs, max_tokens=max_tokens
     )
@@ -674,29 +716,6 @@ def format_nbest(index: int, hypotheses: list[Hypothesis]) -> str:
     if not hypotheses:
         return f"{index}\t\t\n"
     return "".join(f"{index}\t{hypothesis.score:.4f}\t{hypothesis.text}\n" for hypothesis in hypotheses)
-
-
-def _decoded_lines(stream: BinaryIO | TextIO, name: str) -> Iterator[str]:
-    """The lines of ``stream`` without their line ends; a line that is not UTF-8 text raises
-    ``ValueError`` naming ``name`` and the line number."""
-    for number, raw in enumerate(stream, start=1):
-        if isinstance(raw, bytes):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(
-                    f"{name}, line {number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1} "
-                    "of the line). Give plain UTF-8 text, one sentence per line (convert other encodings with "
-                    "e.g. `iconv -f latin1 -t utf-8`)."
-                ) from None
-        else:
-            line = raw
-        if "\x00" in line:
-            raise ValueError(
-                f"{name}, line {number}: a NUL byte, so this is binary data, not text. Give plain UTF-8 text, "
-                "one sentence per line."
-            )
-        yield line.rstrip("\n").rstrip("\r")
 
 
 def translate_stream(
@@ -738,7 +757,7 @@ def translate_stream(
         if not Path(source).is_file():
             raise FileNotFoundError(f"--input_file {name!r} does not exist (or is not a file).")
         with open(source, "rb") as handle:
-            for _ in _decoded_lines(handle, name):  # fail before hours of translation, not after
+            for _ in text_lines(handle, name):  # fail before hours of translation, not after
                 pass
     count = 0
     with contextlib.ExitStack() as stack:
@@ -746,7 +765,7 @@ def translate_stream(
             getattr(sys.stdin, "buffer", sys.stdin) if from_stdin else stack.enter_context(open(source, "rb"))
         )
         out_stream = sys.stdout if to_stdout else stack.enter_context(atomic_file(output))
-        lines = _decoded_lines(in_stream, name)
+        lines = text_lines(in_stream, name)
         buffers = _buffers(lines, chunk_lines, pause) if from_stdin else _chunks(lines, chunk_lines)
         for chunk in buffers:
             try:

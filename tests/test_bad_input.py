@@ -9,7 +9,9 @@ A few cases run as real processes, to see that stderr holds no traceback.
 
 from __future__ import annotations
 
+import argparse
 import fcntl
+import io
 import json
 import logging
 import os
@@ -28,16 +30,17 @@ import torch
 from conftest import CARD_ARGS, tiny_model
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast
+from transformers import DataCollatorForSeq2Seq, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
 from transformers.modeling_outputs import BaseModelOutput
 
 from hf_vanilla.cli import run_cli
-from hf_vanilla.data import load_local_files
+from hf_vanilla.data import load_local_files, read_split_files
 from hf_vanilla.demo import main as demo_main
 from hf_vanilla.durability import SaveOnSignalCallback, atomic_directory, find_complete_checkpoints
+from hf_vanilla.safe_loading import weights_fingerprint
 from hf_vanilla.tokenization import tokenize_translations
 from hf_vanilla.training import ModelArguments, PaperSeq2SeqTrainer, PaperTrainingArguments, build_model
-from hf_vanilla.translate import translate, translate_stream
+from hf_vanilla.translate import DecodingOptions, translate, translate_nbest, translate_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "the user's own file\n"
@@ -199,6 +202,52 @@ def _train(*extra: str, output: str = "out") -> Callable[[World, Path], list[str
         return _train_argv(world.data, world.model, out, *extra)
 
     return argv
+
+
+def _publish() -> Callable[[World, Path], list[str]]:
+    def argv(world: World, tmp: Path) -> list[str]:
+        return ["--model_name_or_path", str(world.model), "--output_dir", str(tmp / "out"),
+                "--results_files", str(tmp / "validation.results.json"), *CARD_ARGS]  # fmt: skip
+
+    return argv
+
+
+def _results(tmp: Path, model: Path | None, fingerprint: bool = True, shape: str = "object") -> Path:
+    """A results file as hf-vanilla-evaluate writes it, for ``model`` (its weights fingerprint, or none
+    as before issue 26), or damaged: a JSON list, or an empty ``decoding``."""
+    result: dict[str, Any] = {
+        "bleu": 1.0, "chrf": 2.0, "bleu_signature": "x", "chrf_signature": "y", "num_segments": 2,
+        "split": "validation", "source_lang": "en", "target_lang": "de", "dataset_name": "pairs",
+        "decoding": DecodingOptions().to_dict() if shape != "no decoding" else {},
+    }  # fmt: skip
+    if model is not None:
+        result["model"] = str(model)
+        if fingerprint:
+            result["model_sha256"] = weights_fingerprint(model)
+    path = tmp / "validation.results.json"
+    path.write_text(json.dumps([result] if shape == "list" else result), encoding="utf-8")
+    return path
+
+
+def _pickled_marian(world: World, tmp: Path) -> Path:
+    """A Marian folder whose pytorch_model.bin pickles an ``argparse.Namespace`` next to the tensors."""
+    config = MarianConfig(vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                          decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                          max_position_embeddings=32, pad_token_id=59, decoder_start_token_id=59)  # fmt: skip
+    config.save_pretrained(tmp / "marian")
+    state = {**MarianMTModel(config).state_dict(), "args": argparse.Namespace(lr=1)}
+    torch.save(state, tmp / "marian" / "pytorch_model.bin")
+    return tmp / "marian"
+
+
+def _bad_data(world: World, tmp: Path) -> Path:
+    (tmp / "bad.tsv").write_bytes(b"w1 w2\tw2 w1\nw3\tw3\nw4 \xe9\tw4\n")
+    return tmp / "bad.tsv"
+
+
+def _long_validation(tmp: Path) -> Path:
+    (tmp / "long.tsv").write_text("w1\tw1\n" + " ".join(["w2"] * 69) + "\tw2\n", encoding="utf-8")
+    return _folder(tmp, "eval", "validation.results.json")
 
 
 CLI_CASES: dict[str, Case] = {
@@ -415,6 +464,78 @@ CLI_CASES: dict[str, Case] = {
         "After training step 1 the weights hold",
         lambda w, t: _file(t),
     ),
+    # Round two: wording and inputs (issue 26)
+    "publish with another model's results": Case(
+        "publish", _publish(), "scored other weights (model", lambda w, t: _results(t, w.run)
+    ),
+    "publish with old results that name another model": Case(
+        "publish", _publish(), "scored model", lambda w, t: _results(t, w.run, fingerprint=False)
+    ),
+    "publish with results that name no model": Case(
+        "publish", _publish(), "names no model", lambda w, t: _results(t, None, fingerprint=False)
+    ),
+    "publish with a results file that is a JSON list": Case(
+        "publish", _publish(), "results.json: a JSON list", lambda w, t: _results(t, w.model, shape="list")
+    ),
+    "publish with results whose decoding is empty": Case(
+        "publish", _publish(), "its 'decoding' ({})", lambda w, t: _results(t, w.model, shape="no decoding")
+    ),
+    "the quick demo with a size flag": Case(
+        "demo",
+        lambda w, t: ["--quick", "--d_model", "128", "--train_size", "50", "--output_dir", str(t / "out")],
+        "would ignore --train_size 50, --d_model 128",
+        lambda w, t: _folder(t),
+    ),
+    "the demo with no training pairs": Case(
+        "demo",
+        lambda w, t: ["--train_size", "0", "--output_dir", str(t / "out")],
+        "--train_size must be at least 1",
+        lambda w, t: _folder(t),
+    ),
+    "the demo with no test pairs": Case(
+        "demo",
+        lambda w, t: ["--test_size", "0", "--output_dir", str(t / "out")],
+        "--test_size must be at least 1",
+        lambda w, t: _folder(t),
+    ),
+    "plot a sentence longer than the model takes": Case(
+        "plot",
+        lambda w, t: [
+            "--model_name_or_path",
+            str(w.model),
+            "--sentence",
+            " ".join(["w1"] * 80),
+            "--output_dir",
+            str(t),
+            "--overwrite",
+        ],
+        "--sentence: 81 tokens, more than the model's longest input of 64",
+        lambda w, t: _file(t, "cross_attention_grid.png"),
+    ),
+    "convert pickled Marian weights that are not plain tensors": Case(
+        "convert",
+        lambda w, t: ["--source", str(t / "marian"), "--output_dir", str(t / "out")],
+        "use a copy with model.safetensors weights",
+        _pickled_marian,
+    ),
+    "translate with --nbest 0": Case(
+        "translate",
+        _translate("--overwrite", "--nbest", "0"),
+        "--nbest 0: give at least 1",
+        lambda w, t: _file(t),
+    ),
+    "train on data that is not UTF-8": Case(
+        "train",
+        lambda w, t: _train_argv(t / "bad.tsv", w.model, t / "out"),
+        "bad.tsv, line 3: not UTF-8 text",
+        lambda w, t: _bad_data(w, t),
+    ),
+    "evaluate a sentence longer than the model takes": Case(
+        "evaluate_bleu",
+        lambda w, t: [str(t / "long.tsv") if a == str(w.data) else a for a in _evaluate("--overwrite")(w, t)],
+        "long.tsv, line 2: 70 tokens",
+        lambda w, t: _long_validation(t),
+    ),
 }
 
 
@@ -445,6 +566,13 @@ def test_bad_input_ends_in_one_line_and_loses_nothing(
 # --------------------------------------------------------------------------------------------------
 # Library calls that must raise ValueError saying what is wrong
 # --------------------------------------------------------------------------------------------------
+def _app() -> Any:
+    """:mod:`hf_vanilla.app`, imported when a case needs it (it imports gradio)."""
+    import hf_vanilla.app
+
+    return hf_vanilla.app
+
+
 API_CASES: dict[str, tuple[Callable[[], Any], str]] = {
     "generate() on an empty batch": (
         lambda: tiny_model().generate(input_ids=torch.zeros(0, 5, dtype=torch.long)),
@@ -475,6 +603,25 @@ API_CASES: dict[str, tuple[Callable[[], Any], str]] = {
     "translate() with another eos id": (
         lambda: translate(tiny_model(eos_token_id=3), _word_tokenizer(), ["w1 w2"], device="cpu"),
         "eos_token_id is 2 in the tokenizer but 3 in the model",
+    ),
+    # Round two: wording and inputs (issue 26)
+    "translate() with num_return_sequences=2": (
+        lambda: translate(
+            tiny_model(),
+            _word_tokenizer(),
+            ["w1 w2", "w3"],
+            device="cpu",
+            generate_kwargs={"num_return_sequences": 2},
+        ),
+        "num_return_sequences=2: translation keeps one hypothesis per sentence; for the 2 best, pass nbest=2",
+    ),
+    "the web demo with a sentence longer than the model takes": (
+        lambda: _app().translate_with_attention(tiny_model(), _word_tokenizer(), " ".join(["w1"] * 80)),
+        "The typed sentence: 81 tokens, more than the model's longest input of 64",
+    ),
+    "translate_nbest() with nbest=0": (
+        lambda: translate_nbest(tiny_model(), _word_tokenizer(), ["w1"], device="cpu", nbest=0),
+        "--nbest 0: give at least 1",
     ),
 }
 
@@ -824,3 +971,86 @@ def test_a_diverging_run_keeps_the_last_good_checkpoint_and_saves_nothing_non_fi
     assert not (out / "model.safetensors").exists()  # no final model
     for weights in out.rglob("*.safetensors"):
         assert all(torch.isfinite(t).all() for t in load_file(weights).values()), weights
+
+
+# Round two: wording and inputs (issue 26)
+# --------------------------------------------------------------------------------------------------
+BOM = "\ufeff".encode()
+
+
+def test_publish_takes_results_of_the_same_weights_wherever_the_folder_is(
+    world: World, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The weights fingerprint identifies the model: results of a copy of the folder are its own;
+    an older results file without a fingerprint is accepted for the same folder path."""
+    copy = _copy_model(world, tmp_path)
+    _results(tmp_path, copy)
+    assert script_main("publish")(_publish()(world, tmp_path)) == 0
+    card = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
+    assert "BLEU **1.00**" in card
+    _results(tmp_path, world.model, fingerprint=False)
+    with caplog.at_level(logging.WARNING, logger="hf_vanilla"):
+        assert script_main("publish")([*_publish()(world, tmp_path), "--overwrite"]) == 0
+    assert "checked by path only" in caplog.text
+
+
+def test_a_byte_order_mark_is_dropped_from_every_text_input(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = tiny_model(), _word_tokenizer()
+    text = "w5 w6\nw7\n"
+    (tmp_path / "plain.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "bom.txt").write_bytes(BOM + text.encode())
+    for name in ("plain", "bom"):
+        translate_stream(model, tokenizer, tmp_path / f"{name}.txt", tmp_path / f"{name}.out", device="cpu",
+                         generate_kwargs={"max_new_tokens": 3})  # fmt: skip
+    expected = (tmp_path / "plain.out").read_text(encoding="utf-8")
+    assert (tmp_path / "bom.out").read_text(encoding="utf-8") == expected
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(BOM + text.encode()), encoding="utf-8"))
+    translate_stream(
+        model, tokenizer, "-", tmp_path / "stdin.out", device="cpu", generate_kwargs={"max_new_tokens": 3}
+    )
+    assert (tmp_path / "stdin.out").read_text(encoding="utf-8") == expected
+    # training, evaluation and tokenizer data: every local form
+    (tmp_path / "d.tsv").write_bytes(BOM + b"w1 w2\tw2 w1\n")
+    (tmp_path / "d.en").write_bytes(BOM + b"w1 w2\n")
+    (tmp_path / "d.de").write_bytes(BOM + b"w2 w1\n")
+    (tmp_path / "d.jsonl").write_bytes(BOM + b'{"translation": {"en": "w1 w2", "de": "w2 w1"}}\n')
+    for files in (["d.tsv"], ["d.en", "d.de"], ["d"], ["d.jsonl"]):
+        assert read_split_files([str(tmp_path / f) for f in files], "en", "de") == (["w1 w2"], ["w2 w1"])
+
+
+def test_a_bare_string_is_one_sentence() -> None:
+    """``translate(model, tokenizer, "w1 w2")`` translates one sentence and returns one string;
+    ``translate_nbest`` returns that sentence's hypotheses."""
+    model, tokenizer = tiny_model(), _word_tokenizer()
+    kwargs = {"device": "cpu", "generate_kwargs": {"max_new_tokens": 3}}
+    assert (
+        translate(model, tokenizer, "w1 w2", **kwargs) == translate(model, tokenizer, ["w1 w2"], **kwargs)[0]
+    )
+    nbest = translate_nbest(model, tokenizer, "w1 w2", nbest=2, **kwargs)
+    assert nbest == translate_nbest(model, tokenizer, ["w1 w2"], nbest=2, **kwargs)[0] and len(nbest) == 2
+
+
+def test_a_damaged_ctranslate2_model_is_one_line_naming_the_file(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("ctranslate2")
+    from hf_vanilla.export_ctranslate2 import export_ctranslate2
+
+    export_ctranslate2(world.model, tmp_path / "ct2")
+    weights = tmp_path / "ct2" / "model.bin"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    argv = [
+        "--model_name_or_path",
+        str(tmp_path / "ct2"),
+        "--input_file",
+        str(world.source),
+        "--device",
+        "cpu",
+    ]
+    assert script_main("translate")(argv) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        last.startswith(f"error: {weights}: CTranslate2 cannot load it") and "hf-vanilla-export-ct2" in last
+    )

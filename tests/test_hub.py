@@ -33,7 +33,7 @@ from hf_vanilla.hub import (
     save_for_hub,
     save_model_folder,
 )
-from hf_vanilla.safe_loading import PICKLE_SUFFIXES
+from hf_vanilla.safe_loading import PICKLE_SUFFIXES, weights_fingerprint
 from hf_vanilla.translate import DecodingOptions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -252,8 +252,13 @@ def test_push_network_failure_is_a_clear_error(
 # --- the publish command -----------------------------------------------------------------------------------
 
 
-def write_result_file(tmp_path: Path, decoding: DecodingOptions | None = None) -> Path:
+def write_result_file(
+    tmp_path: Path, decoding: DecodingOptions | None = None, model_dir: Path | None = None
+) -> Path:
+    """Results as hf-vanilla-evaluate writes them; with ``model_dir``, of that model (name and fingerprint)."""
     result = {**RESULT, "decoding": (decoding or DecodingOptions()).to_dict(), "hypotheses": ["x"]}
+    if model_dir is not None:
+        result.update(model=str(model_dir), model_sha256=weights_fingerprint(model_dir))
     return write_results(result, tmp_path / "eval" / "validation.results.json")
 
 
@@ -278,7 +283,7 @@ def test_publish_script_offline_push_fails_clearly_and_keeps_folder(
 ) -> None:
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    results = write_result_file(tmp_path)
+    results = write_result_file(tmp_path, model_dir=tmp_path / "model")
     folder = tmp_path / "hub"
     argv = ["publish.py", "--model_name_or_path", str(tmp_path / "model"), "--output_dir", str(folder)]
     argv += [

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hf_vanilla.cli import OVERWRITE_HELP, parse_arguments, run_cli
-from hf_vanilla.data import DataArguments, load_from_args
+from hf_vanilla.data import DataArguments, load_from_args, pair_location
 from hf_vanilla.durability import refuse_to_replace
 from hf_vanilla.evaluation import (
     BLEU_TOKENIZERS,
@@ -37,7 +37,7 @@ from hf_vanilla.evaluation import (
     result_files,
 )
 from hf_vanilla.safe_loading import checkpoint_step
-from hf_vanilla.translate import DecodingOptions, ModelArguments, load_model_and_tokenizer
+from hf_vanilla.translate import DecodingOptions, InputTooLongError, ModelArguments, load_model_and_tokenizer
 
 
 @dataclass
@@ -108,22 +108,32 @@ def _run(argv: list[str]) -> None:
         sources, references = parallel_columns(data[split], src, tgt)
         dataset_name = data_args.dataset_name or "local files"
     model, tokenizer = load_model_and_tokenizer(model_args)
-    results, path = evaluate_split_into(
-        output_dir,
-        model,
-        tokenizer,
-        sources,
-        references,
-        split=split,
-        source_lang=src,
-        target_lang=tgt,
-        model_name=model_args.model_name_or_path,
-        dataset_name=eval_args.dataset_display_name or dataset_name,
-        options=decoding,
-        batch_size=model_args.batch_size,
-        device=model_args.device,
-        bleu_tokenize=eval_args.bleu_tokenize,
-    )
+    try:
+        results, path = evaluate_split_into(
+            output_dir,
+            model,
+            tokenizer,
+            sources,
+            references,
+            split=split,
+            source_lang=src,
+            target_lang=tgt,
+            model_name=model_args.model_name_or_path,
+            dataset_name=eval_args.dataset_display_name or dataset_name,
+            options=decoding,
+            batch_size=model_args.batch_size,
+            device=model_args.device,
+            bleu_tokenize=eval_args.bleu_tokenize,
+        )
+    except InputTooLongError as err:  # name the file and line, not "sentence N"
+        files = data_args.local_files().get(split)
+        if test_set:
+            where = f"sacreBLEU {test_set} {src}-{tgt} source, line {err.index + 1}"
+        elif files:
+            where = pair_location(files, src, tgt, err.index)
+        else:
+            where = f"{dataset_name}, {split} example {err.index + 1}"
+        raise InputTooLongError(err.index, err.length, err.limit, where) from None
     summary = {
         key: results[key]
         for key in ("bleu", "chrf", "decoding_seconds", "bleu_signature", "chrf_signature", "num_segments")

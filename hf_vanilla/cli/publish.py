@@ -10,6 +10,8 @@ The folder holds model.safetensors, config.json (auto_map for AutoConfig, AutoMo
 AutoModelForSeq2SeqLM), the modeling code, generation_config.json, the tokenizer and README.md (the model
 card rendered from hf_vanilla/templates/model_card.md, with the scores, the decoding settings and the data's terms of use).
 An existing --output_dir is kept unless --overwrite is given; then it is replaced whole.
+The results files must have scored this model: hf-vanilla-evaluate records a sha256 of the weights
+(model_sha256), which must match the model folder's (older results files: the same folder path).
 --dataset (the data the card names) is required, unless the model folder is a training output that
 recorded it (hf-vanilla-train --dataset ...: its training_args.json).
 """
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 
 from hf_vanilla.cli import parse_arguments, run_cli
 from hf_vanilla.durability import refuse_to_replace
-from hf_vanilla.hub import PublishArguments, card_data_recorded_in, publish
+from hf_vanilla.hub import PublishArguments, card_data_recorded_in, load_results, publish
 from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
 
 
@@ -41,6 +43,9 @@ def _run(argv: list[str]) -> None:
             parser.error("--model_name_or_path is required unless --push_only.")
         refuse_to_replace(args.output_dir, args.overwrite, "--output_dir")  # before loading anything
         card_data_recorded_in(model_args.model_name_or_path, args)  # a training output, without --dataset
+        load_results(
+            args.results_files or [], model_args.model_name_or_path
+        )  # this model's scores, read early
         model, tokenizer = load_model_and_tokenizer(model_args)
     folder = publish(model, tokenizer, args, model_dir=model_args.model_name_or_path)
     print(folder)

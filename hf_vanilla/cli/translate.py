@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 
 from hf_vanilla.cli import OVERWRITE_HELP, parse_arguments, run_cli
 from hf_vanilla.durability import refuse_to_replace
-from hf_vanilla.translate import DecodingOptions, ModelArguments, load_model_and_tokenizer, translate_stream
+from hf_vanilla.translate import (
+    DecodingOptions,
+    ModelArguments,
+    check_nbest,
+    load_model_and_tokenizer,
+    translate_stream,
+)
 
 
 @dataclass
@@ -58,8 +64,7 @@ def _run(argv: list[str]) -> None:
     )
     if io.output_file != "-":
         refuse_to_replace(io.output_file, io.overwrite, "--output_file")  # before loading anything
-    if io.nbest is not None and not 1 <= io.nbest <= decoding.num_beams:
-        raise ValueError(f"--nbest {io.nbest} needs --num_beams >= {io.nbest} (now {decoding.num_beams}).")
+    check_nbest(io.nbest, decoding.num_beams)
     if io.max_length is not None and io.max_length < 1:
         raise ValueError(f"--max_length must be a positive number of tokens, got {io.max_length}.")
     model, tokenizer = load_model_and_tokenizer(model_args, allow_ctranslate2=True)
