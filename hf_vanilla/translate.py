@@ -42,12 +42,11 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal, TextIO
 
 import torch
-from transformers import AutoModelForSeq2SeqLM
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from hf_vanilla.durability import atomic_file, refuse_to_replace
 from hf_vanilla.quantization import check_route, from_pretrained_kwargs, quantize_loaded
-from hf_vanilla.safe_loading import load_pretrained_checked
+from hf_vanilla.safe_loading import CheckpointError, load_pretrained_checked
 from hf_vanilla.tokenization import check_tokenizer_matches_config, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -346,9 +345,10 @@ class ModelArguments:
 
 
 def load_model(name: str | Path, **kwargs: Any) -> Any:
-    """``AutoModelForSeq2SeqLM.from_pretrained(name, **kwargs)`` with errors that name the cause: a local
-    folder is checked first (:func:`hf_vanilla.safe_loading.verify_model_folder`: a truncated or damaged
-    weights file, a missing config); a name that is neither a folder nor a loadable Hub model says so."""
+    """``AutoModelForSeq2SeqLM.from_pretrained(name, **kwargs)`` with errors that name the cause
+    (:func:`hf_vanilla.safe_loading.load_pretrained_checked`: a truncated or damaged weights file, a
+    missing config, NaN weights, a config that disagrees with the weights); a name that is neither a
+    folder nor a loadable Hub model says so."""
     path = Path(name)
     if path.is_dir():
         return load_pretrained_checked(path, **kwargs)
@@ -357,7 +357,9 @@ def load_model(name: str | Path, **kwargs: Any) -> Any:
             f"--model_name_or_path {str(name)!r} is a file: give the model folder (config.json and model.safetensors)."
         )
     try:
-        return AutoModelForSeq2SeqLM.from_pretrained(str(name), **kwargs)
+        return load_pretrained_checked(str(name), **kwargs)
+    except CheckpointError:
+        raise
     except (OSError, ValueError) as err:
         detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise FileNotFoundError(
