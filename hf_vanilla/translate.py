@@ -120,6 +120,7 @@ class DecodingOptions:
                 f"`length_penalty_type` must be one of {LENGTH_PENALTY_TYPES}, got {self.length_penalty_type!r}: "
                 "'hf' = log P / |Y|^α inside beam search, 'gnmt' = log P / ((5 + |Y|) / 6)^α as n-best rescoring."
             )
+        _refuse_non_finite({"length_penalty": self.length_penalty})
         if not isinstance(self.num_beams, int) or self.num_beams < 1:
             raise ValueError(f"`num_beams` must be a positive integer, got {self.num_beams!r}.")
         if self.length_penalty_type == "gnmt" and self.num_beams < 2:
@@ -141,6 +142,16 @@ class DecodingOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "description": self.describe()}
+
+
+def _refuse_non_finite(options: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first decoding option that is a non-finite number (NaN or
+    infinity decode into garbage without an error)."""
+    for name, value in options.items():
+        if isinstance(value, (float, torch.Tensor)) and not bool(
+            torch.isfinite(torch.as_tensor(value)).all()
+        ):
+            raise ValueError(f"`{name}` is {value}, not a finite number: give an ordinary number.")
 
 
 def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor | float:
@@ -232,6 +243,7 @@ def generate_hypotheses(
             f"--nbest {nbest} needs a beam at least that wide and at least 1: --num_beams >= {nbest} "
             f"(now {options.num_beams})."
         )
+    _refuse_non_finite({**asdict(options), **generate_kwargs})
     eos_id = _eos_id(model)
     kwargs = {**paper_generation_kwargs(options), **generate_kwargs}
     gnmt = options.length_penalty_type == "gnmt"
@@ -593,6 +605,7 @@ def translate_nbest(
         )
     options = options or DecodingOptions()
     generate_kwargs = dict(generate_kwargs or {})
+    _refuse_non_finite({**asdict(options), **generate_kwargs})
     ct2 = isinstance(model, CTranslate2Model)
     if ct2:
         unknown = sorted(set(generate_kwargs) - {"max_new_tokens"})
