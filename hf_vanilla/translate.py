@@ -39,6 +39,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, BinaryIO, Literal, TextIO
 
 import torch
@@ -412,7 +413,11 @@ def load_model_and_tokenizer(
                 "(hf-vanilla-export-ct2 --quantization int8)."
             )
         tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
-        return CTranslate2Model(args.model_name_or_path, device, args.dtype), tokenizer
+        model = CTranslate2Model(args.model_name_or_path, device, args.dtype)
+        check_tokenizer_matches_config(
+            tokenizer, model.config, f"tokenizer {tokenizer_source}, model {args.model_name_or_path}"
+        )
+        return model, tokenizer
     check_route(args.quantization, device)
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
     kwargs.update(from_pretrained_kwargs(args.quantization))
@@ -486,9 +491,36 @@ class CTranslate2Model:
         generation = folder / "generation_config.json"
         defaults = json.loads(generation.read_text(encoding="utf-8")) if generation.is_file() else {}
         self.max_length_offset = int(defaults.get("max_length_offset", 50))
+        self.config = self._vocabulary_config(folder, defaults)
         self.translator = ctranslate2.Translator(
             str(folder), device=device.type, device_index=device.index or 0, compute_type=compute_type
         )
+
+    @staticmethod
+    def _vocabulary_config(folder: Path, defaults: dict[str, Any]) -> SimpleNamespace:
+        """What :func:`hf_vanilla.tokenization.check_tokenizer_matches_config` compares, read from the
+        export: the vocabulary sizes (one row per token string) and the special-token ids of the model it
+        was exported from (its generation config; without one, the positions of CTranslate2's own
+        ``bos_token`` and ``eos_token``, and the pad id is not checked)."""
+        shared = folder / "shared_vocabulary.json"
+        if shared.is_file():
+            source = target = json.loads(shared.read_text(encoding="utf-8"))
+        else:
+            source, target = (
+                json.loads((folder / f"{side}_vocabulary.json").read_text(encoding="utf-8"))
+                for side in ("source", "target")
+            )
+        ct2_config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        ids = {
+            f"{name}_token_id": defaults.get(
+                f"{name}_token_id", target.index(token) if token in target else None
+            )
+            for name, token in (("bos", ct2_config.get("bos_token")), ("eos", ct2_config.get("eos_token")))
+        }
+        if "pad_token_id" in defaults:
+            ids["pad_token_id"] = defaults["pad_token_id"]
+        sizes = {"vocab_size": len(source), "decoder_vocab_size": None if shared.is_file() else len(target)}
+        return SimpleNamespace(**sizes, **ids)
 
     def generate_hypotheses(
         self,
@@ -607,6 +639,7 @@ def translate_nbest(
     generate_kwargs = dict(generate_kwargs or {})
     _refuse_non_finite({**asdict(options), **generate_kwargs})
     ct2 = isinstance(model, CTranslate2Model)
+    check_tokenizer_matches_config(tokenizer, model.config)  # both backends: a CTranslate2Model has one too
     if ct2:
         unknown = sorted(set(generate_kwargs) - {"max_new_tokens"})
         if unknown:
@@ -614,7 +647,6 @@ def translate_nbest(
                 f"The ctranslate2 backend takes no generate() argument other than max_new_tokens: {unknown}."
             )
     else:
-        check_tokenizer_matches_config(tokenizer, model.config)
         device = resolve_device(device)
         model.to(device)
         model.eval()
