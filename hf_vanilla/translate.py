@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import queue
 import sys
 import threading
@@ -149,9 +150,7 @@ def _refuse_non_finite(options: dict[str, Any]) -> None:
     """Raise ``ValueError`` naming the first decoding option that is a non-finite number (NaN or
     infinity decode into garbage without an error)."""
     for name, value in options.items():
-        if isinstance(value, (float, torch.Tensor)) and not bool(
-            torch.isfinite(torch.as_tensor(value)).all()
-        ):
+        if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"`{name}` is {value}, not a finite number: give an ordinary number.")
 
 

@@ -90,8 +90,8 @@ def parse_arguments(
     argv: Sequence[str], types: Any, description: str | None
 ) -> tuple[HfArgumentParser, tuple[Any, ...]]:
     """Parse ``argv`` into the dataclasses ``types`` (one or a tuple) with :class:`HfArgumentParser`
-    and the commands' ``--debug`` epilog (a non-finite number refused: :func:`refuse_non_finite`), then log INFO and above to stderr. Returns the parser (for
-    ``parser.error``) and the parsed dataclasses."""
+    and the commands' ``--debug`` epilog, refusing non-finite numbers (:func:`refuse_non_finite`), then
+    log INFO and above to stderr. Returns the parser (for ``parser.error``) and the parsed dataclasses."""
     parser = HfArgumentParser(
         types, description=description, epilog=DEBUG_EPILOG, formatter_class=HelpFormatter
     )
