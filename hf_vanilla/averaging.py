@@ -24,11 +24,16 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from hf_vanilla.durability import atomic_directory, find_complete_checkpoints, refuse_to_replace
 from hf_vanilla.hub import TRAINING_ARGS_JSON, save_model_folder
-from hf_vanilla.safe_loading import verify_safetensors_file
+from hf_vanilla.safe_loading import (
+    load_pretrained_checked,
+    nonfinite_tensors,
+    refuse_nonfinite,
+    verify_safetensors_file,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -188,11 +193,13 @@ def average_checkpoints(
 
     logger.info("Averaging %d checkpoints: %s", len(paths), ", ".join(p.name for p in paths))
     states = [load_safetensors_state_dict(p) for p in paths]
+    for path, state in zip(paths, states, strict=True):
+        refuse_nonfinite(path, nonfinite_tensors(state.items()))  # a diverged checkpoint poisons the mean
     averaged = average_state_dicts(states, names=[str(p) for p in paths])
     del states
 
     newest = paths[-1]
-    model = AutoModelForSeq2SeqLM.from_pretrained(newest)
+    model = load_pretrained_checked(newest)  # its config must describe the averaged weights
     _load_into_model(model, averaged, str(newest))
     with atomic_directory(output_dir) as staged:  # an old average stays whole until the new one is
         save_model_folder(model, None, staged)  # self-contained: the modeling code travels with it

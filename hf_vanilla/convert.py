@@ -48,7 +48,7 @@ from hf_vanilla.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     sinusoidal_position_encoding,
 )
-from hf_vanilla.safe_loading import CheckpointError, verify_pickle_file
+from hf_vanilla.safe_loading import CheckpointError, load_pretrained_checked, verify_pickle_file
 
 logger = logging.getLogger(__name__)
 
@@ -382,7 +382,7 @@ def load_source_model(folder: str | Path, source_format: str = "auto") -> tuple[
             f"--from {source_format} was given, but {str(folder)!r} holds a {model_type!r} model."
         )
     _check_pickled_weights(Path(folder))
-    model = SOURCE_FORMATS[model_type].from_pretrained(folder, dtype=torch.float32)
+    model = load_pretrained_checked(folder, SOURCE_FORMATS[model_type], dtype=torch.float32)
     return model.eval(), model_type
 
 

@@ -37,7 +37,7 @@ import torch
 import transformers
 from transformers import DataCollatorForSeq2Seq, HfArgumentParser
 
-from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, run_cli
+from hf_vanilla.cli import DEBUG_EPILOG, OVERWRITE_HELP, refuse_non_finite, run_cli
 from hf_vanilla.configuration_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla.data import translation_features
 from hf_vanilla.demo_numbers import make_demo_splits, make_number_pairs
@@ -407,7 +407,9 @@ def report(results: dict[str, Any], output_dir: str) -> str:
 
 
 def _main(argv: list[str]) -> None:
-    (args,) = HfArgumentParser(DemoArguments, epilog=DEBUG_EPILOG).parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser(DemoArguments, epilog=DEBUG_EPILOG)
+    refuse_non_finite(parser, argv)
+    (args,) = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(
         format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO, stream=sys.stdout
     )

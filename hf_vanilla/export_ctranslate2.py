@@ -44,7 +44,7 @@ from hf_vanilla.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     sinusoidal_position_encoding,
 )
-from hf_vanilla.safe_loading import verify_model_folder
+from hf_vanilla.safe_loading import load_pretrained_checked
 from hf_vanilla.tokenization import check_tokenizer_matches_config
 
 logger = logging.getLogger(__name__)
@@ -249,9 +249,8 @@ class VanillaTransformerConverter(Converter):
 
     def load(self) -> tuple[VanillaTransformerForConditionalGeneration, PreTrainedTokenizerBase]:
         """The model (float32) and its tokenizer, checked to belong together."""
-        verify_model_folder(self.model_dir)  # a damaged or unsafe file: an error naming it
-        model = VanillaTransformerForConditionalGeneration.from_pretrained(
-            self.model_dir, dtype=torch.float32
+        model = load_pretrained_checked(  # a damaged, unsafe, NaN or mismatched folder: one error naming it
+            self.model_dir, VanillaTransformerForConditionalGeneration, dtype=torch.float32
         )
         try:
             tokenizer = AutoTokenizer.from_pretrained(self.model_dir)

@@ -16,7 +16,12 @@ What this module guarantees, for every function that reads a folder:
   a ``checksums.sha256`` manifest (:func:`write_checksums`), when present, matches. A failure raises
   :class:`CorruptCheckpointError` naming the file and what to do, instead of a stack trace from inside
   safetensors or pickle.
-* **Checked loaders** (:func:`load_pretrained_checked`) run these checks before ``from_pretrained``.
+* **Checked loaders** (:func:`load_pretrained_checked`, the one every command uses) run these checks
+  before ``from_pretrained``, then refuse weights that are not finite (:func:`verify_finite_weights`:
+  a diverged run saves NaN, which translates into blank lines) and a ``config.json`` that disagrees
+  with the weights (:func:`check_loading_info`: a missing, unexpected or mismatched key, which
+  ``from_pretrained`` itself only reports while the model translates garbage). The Python API
+  (``AutoModelForSeq2SeqLM.from_pretrained``) keeps transformers' behaviour.
 
 Writing checkpoints so that they stay whole, and resuming from them, is
 :mod:`hf_vanilla.durability`'s job.
@@ -24,19 +29,22 @@ Writing checkpoints so that they stay whole, and resuming from them, is
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import pickletools
 import re
 import struct
 import uuid
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 from transformers.trainer_pt_utils import safe_globals
 
@@ -45,14 +53,20 @@ __all__ = [
     "CHECKSUMS_NAME",
     "PICKLE_SUFFIXES",
     "CheckpointError",
+    "ConfigMismatchError",
     "CorruptCheckpointError",
+    "NonFiniteWeightsError",
     "UnsafeCheckpointError",
+    "check_loading_info",
     "checkpoint_step",
     "damaged_file_hint",
     "load_pretrained_checked",
+    "nonfinite_tensors",
     "pickle_globals",
+    "refuse_nonfinite",
     "verify_checkpoint",
     "verify_checksums",
+    "verify_finite_weights",
     "verify_model_folder",
     "verify_pickle_file",
     "verify_safetensors_file",
@@ -105,6 +119,15 @@ class CorruptCheckpointError(CheckpointError):
 
 class UnsafeCheckpointError(CheckpointError):
     """A pickled file would run code (import something other than plain tensor data) when loaded."""
+
+
+class NonFiniteWeightsError(CheckpointError):
+    """Weights hold NaN or infinity (a diverged run): the model would translate into blank lines."""
+
+
+class ConfigMismatchError(CheckpointError):
+    """``config.json`` describes another model than the weights hold (keys missing, unexpected or of
+    another shape)."""
 
 
 def damaged_file_hint(path: Path) -> str:
@@ -477,10 +500,117 @@ def verify_checkpoint(
         verify_checksums(folder)
 
 
+# --------------------------------------------------------------------------------------------------
+# non-finite weights
+# --------------------------------------------------------------------------------------------------
+def nonfinite_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names of the floating-point tensors among ``tensors`` that hold a NaN or an infinity."""
+    return [
+        name for name, tensor in tensors if tensor.is_floating_point() and not torch.isfinite(tensor).all()
+    ]
+
+
+def refuse_nonfinite(folder: str | Path, names: Sequence[str]) -> None:
+    """Raise :class:`NonFiniteWeightsError` naming ``folder`` and the first of ``names``, if any."""
+    if not names:
+        return
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise NonFiniteWeightsError(
+        f"{str(folder)!r} holds weights that are not finite numbers (NaN or inf) in {len(names)} tensor(s): "
+        f"{shown}. The training run diverged before it saved them (or the file is damaged); such a model "
+        "translates into blank or garbage lines. Use an earlier checkpoint of the run, or train again with a "
+        "lower --learning_rate."
+    )
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.exists():
+        return [single]
+    if index.exists():
+        return [folder / shard for shard in sorted(set(_check_json(index)["weight_map"].values()))]
+    return sorted(folder.glob("pytorch_model*.bin"))
+
+
+def verify_finite_weights(folder: str | Path) -> None:
+    """Refuse a model folder whose weights hold NaN or infinity (:class:`NonFiniteWeightsError`, naming
+    the first tensors as the files name them). Reads every tensor once; run it after
+    :func:`verify_model_folder` (pickled weights are read with ``weights_only=True``)."""
+    folder = Path(folder)
+    bad: list[str] = []
+    for path in _weight_files(folder):
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                bad += nonfinite_tensors((key, handle.get_tensor(key)) for key in handle.keys())  # noqa: SIM118
+        else:
+            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+            bad += nonfinite_tensors(state.items())
+    refuse_nonfinite(folder, bad)
+
+
+# --------------------------------------------------------------------------------------------------
+# loading
+# --------------------------------------------------------------------------------------------------
+def check_loading_info(name: str | Path, info: dict[str, Any]) -> None:
+    """Refuse what ``from_pretrained(..., output_loading_info=True)`` reports: weights the model lacks
+    (MISSING: left at random initialisation), weights it has no place for (UNEXPECTED: dropped) or of
+    another shape (MISMATCHED). Tied weights (the shared ``lm_head``) and non-persistent buffers are not
+    saved and not reported. Raises :class:`ConfigMismatchError` naming the keys."""
+    problems = []
+    for kind, keys in (
+        ("missing from the weights", sorted(info.get("missing_keys", ()))),
+        ("in the weights but not in the model", sorted(info.get("unexpected_keys", ()))),
+        (
+            "of another shape in the weights than in the model",
+            sorted(
+                f"{key} ({tuple(saved)} vs {tuple(model)})"
+                for key, saved, model in info.get("mismatched_keys", ())
+            ),
+        ),
+    ):
+        if keys:
+            shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+            problems.append(f"{len(keys)} key(s) {kind}: {shown}")
+    if problems:
+        raise ConfigMismatchError(
+            f"{str(name)!r}: its config.json disagrees with its weights ({'; '.join(problems)}). The config was "
+            "edited or comes from another model (e.g. tie_word_embeddings, *_layers, d_model): restore the "
+            "config.json saved with these weights."
+        )
+
+
+class _DropLoadReport(logging.Filter):
+    """Drops transformers' multi-line LOAD REPORT: :func:`check_loading_info` says it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
+
+
+@contextlib.contextmanager
+def _without_load_report() -> Iterator[None]:
+    report_logger = logging.getLogger("transformers.modeling_utils")
+    drop = _DropLoadReport()
+    report_logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        report_logger.removeFilter(drop)
+
+
 def load_pretrained_checked(
-    folder: str | Path, model_class: Any = AutoModelForSeq2SeqLM, **kwargs: Any
+    name: str | Path, model_class: Any = AutoModelForSeq2SeqLM, **kwargs: Any
 ) -> PreTrainedModel:
-    """``model_class.from_pretrained(folder, **kwargs)`` after :func:`verify_model_folder`, so that a
-    damaged or unsafe folder gives an error naming the file."""
-    verify_model_folder(folder)
-    return model_class.from_pretrained(str(folder), **kwargs)
+    """``model_class.from_pretrained(name, **kwargs)`` as every command loads a model: a local folder is
+    checked first (:func:`verify_model_folder`: a damaged or unsafe file; :func:`verify_finite_weights`:
+    NaN or inf weights), and any missing, unexpected or mismatched key is refused
+    (:func:`check_loading_info`) rather than reported while the model computes garbage. Raises a
+    :class:`CheckpointError` (a ``ValueError``) naming the folder."""
+    if Path(name).is_dir():
+        verify_model_folder(name)
+        verify_finite_weights(name)
+    with _without_load_report():
+        model, info = model_class.from_pretrained(
+            str(name), output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+        )
+    check_loading_info(name, info)
+    return model

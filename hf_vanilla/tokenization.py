@@ -159,6 +159,10 @@ def check_tokenizer_matches_config(
 ) -> None:
     """Raise `ValueError` if the tokenizer's size or special-token ids disagree with the model config.
 
+    The one check of every backend: ``config`` is a transformers model's config or a
+    :class:`hf_vanilla.translate.CTranslate2Model`'s (read from the export); a special-token id the
+    config does not have is not compared.
+
     The sizes must be equal: a larger tokenizer produces ids with no embedding; a smaller one (another
     tokenizer, say the demo's 400 tokens for an 8,000-token model) maps text to the wrong rows and the
     model translates it into fluent nonsense without an error. With separate source and target
@@ -168,7 +172,9 @@ def check_tokenizer_matches_config(
     """
     problems = []
     for name in ("pad", "bos", "eos"):
-        tok_id, cfg_id = getattr(tokenizer, f"{name}_token_id"), getattr(config, f"{name}_token_id", None)
+        if not hasattr(config, f"{name}_token_id"):  # not said by the model (a foreign CTranslate2 export)
+            continue
+        tok_id, cfg_id = getattr(tokenizer, f"{name}_token_id"), getattr(config, f"{name}_token_id")
         if tok_id != cfg_id:
             problems.append(f"{name}_token_id is {tok_id} in the tokenizer but {cfg_id} in the model")
     sizes = [("vocabulary", len(tokenizer), config.vocab_size)]

@@ -93,7 +93,7 @@ from hf_vanilla.hub import (
 )
 from hf_vanilla.launch_checks import check_fsdp_honoured, check_process_group
 from hf_vanilla.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from hf_vanilla.safe_loading import checkpoint_step, verify_model_folder
+from hf_vanilla.safe_loading import checkpoint_step, load_pretrained_checked, verify_model_folder
 from hf_vanilla.tokenization import (
     check_tokenizer_matches_config,
     load_or_train_tokenizer,
@@ -739,7 +739,7 @@ def _saved_model(model_args: ModelArguments, saved: str, resumed: bool) -> PreTr
             "Fine-tuning %s with --dropout %g instead of its dropout %g.", saved, dropout, config.dropout
         )
         kwargs["dropout"] = dropout
-    return AutoModelForSeq2SeqLM.from_pretrained(saved, **kwargs)
+    return load_pretrained_checked(saved, **kwargs)  # NaN weights or a config that disagrees: refused
 
 
 def build_model(

@@ -33,22 +33,23 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import queue
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import torch
-from transformers import AutoModelForSeq2SeqLM
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from hf_vanilla.data import text_lines
 from hf_vanilla.durability import atomic_file, refuse_to_replace
 from hf_vanilla.quantization import check_route, from_pretrained_kwargs, quantize_loaded
-from hf_vanilla.safe_loading import load_pretrained_checked
+from hf_vanilla.safe_loading import CheckpointError, load_pretrained_checked
 from hf_vanilla.tokenization import check_tokenizer_matches_config, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ class DecodingOptions:
                 f"`length_penalty_type` must be one of {LENGTH_PENALTY_TYPES}, got {self.length_penalty_type!r}: "
                 "'hf' = log P / |Y|^α inside beam search, 'gnmt' = log P / ((5 + |Y|) / 6)^α as n-best rescoring."
             )
+        _refuse_non_finite({"length_penalty": self.length_penalty})
         if not isinstance(self.num_beams, int) or self.num_beams < 1:
             raise ValueError(f"`num_beams` must be a positive integer, got {self.num_beams!r}.")
         if self.length_penalty_type == "gnmt" and self.num_beams < 2:
@@ -145,6 +147,14 @@ class DecodingOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "description": self.describe()}
+
+
+def _refuse_non_finite(options: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first decoding option that is a non-finite number (NaN or
+    infinity decode into garbage without an error)."""
+    for name, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"`{name}` is {value}, not a finite number: give an ordinary number.")
 
 
 def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor | float:
@@ -251,6 +261,7 @@ def generate_hypotheses(
             f"{wanted} best, pass nbest={wanted} (translate_nbest, hf-vanilla-translate --nbest {wanted})."
         )
     generate_kwargs.pop("num_return_sequences", None)
+    _refuse_non_finite({**asdict(options), **generate_kwargs})
     eos_id = _eos_id(model)
     kwargs = {**paper_generation_kwargs(options), **generate_kwargs}
     gnmt = options.length_penalty_type == "gnmt"
@@ -364,9 +375,10 @@ class ModelArguments:
 
 
 def load_model(name: str | Path, **kwargs: Any) -> Any:
-    """``AutoModelForSeq2SeqLM.from_pretrained(name, **kwargs)`` with errors that name the cause: a local
-    folder is checked first (:func:`hf_vanilla.safe_loading.verify_model_folder`: a truncated or damaged
-    weights file, a missing config); a name that is neither a folder nor a loadable Hub model says so."""
+    """``AutoModelForSeq2SeqLM.from_pretrained(name, **kwargs)`` with errors that name the cause
+    (:func:`hf_vanilla.safe_loading.load_pretrained_checked`: a truncated or damaged weights file, a
+    missing config, NaN weights, a config that disagrees with the weights); a name that is neither a
+    folder nor a loadable Hub model says so."""
     path = Path(name)
     if path.is_dir():
         return load_pretrained_checked(path, **kwargs)
@@ -375,7 +387,9 @@ def load_model(name: str | Path, **kwargs: Any) -> Any:
             f"--model_name_or_path {str(name)!r} is a file: give the model folder (config.json and model.safetensors)."
         )
     try:
-        return AutoModelForSeq2SeqLM.from_pretrained(str(name), **kwargs)
+        return load_pretrained_checked(str(name), **kwargs)
+    except CheckpointError:
+        raise
     except (OSError, ValueError) as err:
         detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise FileNotFoundError(
@@ -416,7 +430,11 @@ def load_model_and_tokenizer(
                 "(hf-vanilla-export-ct2 --quantization int8)."
             )
         tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
-        return CTranslate2Model(args.model_name_or_path, device, args.dtype), tokenizer
+        model = CTranslate2Model(args.model_name_or_path, device, args.dtype)
+        check_tokenizer_matches_config(
+            tokenizer, model.config, f"tokenizer {tokenizer_source}, model {args.model_name_or_path}"
+        )
+        return model, tokenizer
     check_route(args.quantization, device)
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
     kwargs.update(from_pretrained_kwargs(args.quantization))
@@ -490,6 +508,7 @@ class CTranslate2Model:
         generation = folder / "generation_config.json"
         defaults = json.loads(generation.read_text(encoding="utf-8")) if generation.is_file() else {}
         self.max_length_offset = int(defaults.get("max_length_offset", 50))
+        self.config = self._vocabulary_config(folder, defaults)
         try:
             self.translator = ctranslate2.Translator(
                 str(folder), device=device.type, device_index=device.index or 0, compute_type=compute_type
@@ -499,6 +518,32 @@ class CTranslate2Model:
                 f"{folder / 'model.bin'}: CTranslate2 cannot load it ({str(err).splitlines()[0] if str(err) else err!r}); "
                 "if it is damaged or incomplete, export it again with hf-vanilla-export-ct2."
             ) from err
+
+    @staticmethod
+    def _vocabulary_config(folder: Path, defaults: dict[str, Any]) -> SimpleNamespace:
+        """What :func:`hf_vanilla.tokenization.check_tokenizer_matches_config` compares, read from the
+        export: the vocabulary sizes (one row per token string) and the special-token ids of the model it
+        was exported from (its generation config; without one, the positions of CTranslate2's own
+        ``bos_token`` and ``eos_token``, and the pad id is not checked)."""
+        shared = folder / "shared_vocabulary.json"
+        if shared.is_file():
+            source = target = json.loads(shared.read_text(encoding="utf-8"))
+        else:
+            source, target = (
+                json.loads((folder / f"{side}_vocabulary.json").read_text(encoding="utf-8"))
+                for side in ("source", "target")
+            )
+        ct2_config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        ids = {
+            f"{name}_token_id": defaults.get(
+                f"{name}_token_id", target.index(token) if token in target else None
+            )
+            for name, token in (("bos", ct2_config.get("bos_token")), ("eos", ct2_config.get("eos_token")))
+        }
+        if "pad_token_id" in defaults:
+            ids["pad_token_id"] = defaults["pad_token_id"]
+        sizes = {"vocab_size": len(source), "decoder_vocab_size": None if shared.is_file() else len(target)}
+        return SimpleNamespace(**sizes, **ids)
 
     def generate_hypotheses(
         self,
@@ -631,7 +676,9 @@ def translate_nbest(
     options = options or DecodingOptions()
     check_nbest(nbest, options.num_beams)
     generate_kwargs = dict(generate_kwargs or {})
+    _refuse_non_finite({**asdict(options), **generate_kwargs})
     ct2 = isinstance(model, CTranslate2Model)
+    check_tokenizer_matches_config(tokenizer, model.config)  # both backends: a CTranslate2Model has one too
     if ct2:
         unknown = sorted(set(generate_kwargs) - {"max_new_tokens"})
         if unknown:
@@ -639,7 +686,6 @@ def translate_nbest(
                 f"The ctranslate2 backend takes no generate() argument other than max_new_tokens: {unknown}."
             )
     else:
-        check_tokenizer_matches_config(tokenizer, model.config)
         device = resolve_device(device)
         model.to(device)
         model.eval()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import io
 import json
 import logging
@@ -28,7 +29,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import CARD_ARGS, tiny_model
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import DataCollatorForSeq2Seq, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
 from transformers.modeling_outputs import BaseModelOutput
@@ -40,7 +41,7 @@ from hf_vanilla.durability import SaveOnSignalCallback, atomic_directory, find_c
 from hf_vanilla.safe_loading import weights_fingerprint
 from hf_vanilla.tokenization import tokenize_translations
 from hf_vanilla.training import ModelArguments, PaperSeq2SeqTrainer, PaperTrainingArguments, build_model
-from hf_vanilla.translate import DecodingOptions, translate, translate_nbest, translate_stream
+from hf_vanilla.translate import DecodingOptions, generate_ids, translate, translate_nbest, translate_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "the user's own file\n"
@@ -212,6 +213,64 @@ def _publish() -> Callable[[World, Path], list[str]]:
     return argv
 
 
+# Round two (issue 26): scenes for the number, weight and config cases
+def _nan_weights(world: World, tmp: Path, source: Path | None = None, name: str = "model") -> Path:
+    """A copy of the model (or of ``source``) with a NaN and (2 layers) an inf weight, as a diverged run saves."""
+    folder = Path(shutil.copytree(source or world.model, tmp / name))
+    state = load_file(str(folder / "model.safetensors"))
+    state["model.encoder.layers.0.fc1.weight"][0, 0] = float("nan")
+    if "model.decoder.layers.1.fc2.bias" in state:
+        state["model.decoder.layers.1.fc2.bias"][1] = float("inf")
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "checksums.sha256").unlink(missing_ok=True)  # the NaN was saved, not damaged afterwards
+    return folder
+
+
+def _edited_config(
+    world: World, tmp: Path, source: Path | None = None, name: str = "model", **changes: Any
+) -> Path:
+    """A copy of the model (or of ``source``) whose config.json disagrees with its weights."""
+    folder = Path(shutil.copytree(source or world.model, tmp / name))
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    (folder / "config.json").write_text(json.dumps({**config, **changes}), encoding="utf-8")
+    (folder / "checksums.sha256").unlink(missing_ok=True)
+    return folder
+
+
+def _ct2_export(world: World, tmp: Path) -> Path:
+    """A CTranslate2 export of the world's model (its 100-token tokenizer inside)."""
+    pytest.importorskip("ctranslate2")
+    from hf_vanilla.export_ctranslate2 import export_ctranslate2
+
+    return Path(export_ctranslate2(world.model, tmp / "model"))
+
+
+def _other_tokenizer(tmp: Path, words: int, pad: str = "<pad>") -> Path:
+    tokenizer = _word_tokenizer(words)
+    tokenizer.pad_token = pad
+    tokenizer.save_pretrained(tmp / "tokenizer")
+    return tmp / "tokenizer"
+
+
+def _ct2_with_tokenizer(words: int, pad: str = "<pad>") -> Callable[[World, Path], Path]:
+    def setup(world: World, tmp: Path) -> Path:
+        _other_tokenizer(tmp, words, pad)
+        return _ct2_export(world, tmp)
+
+    return setup
+
+
+def _with_tokenizer(argv: Callable[[World, Path], list[str]]) -> Callable[[World, Path], list[str]]:
+    return lambda w, t: [*argv(w, t), "--tokenizer_name_or_path", str(t / "tokenizer")]
+
+
+def _evaluate_copy(*extra: str) -> Callable[[World, Path], list[str]]:
+    def argv(world: World, tmp: Path) -> list[str]:
+        return [*_evaluate(*extra)(world, tmp), "--model_name_or_path", str(tmp / "model")]
+
+    return argv
+
+
 def _results(tmp: Path, model: Path | None, fingerprint: bool = True, shape: str = "object") -> Path:
     """A results file as hf-vanilla-evaluate writes it, for ``model`` (its weights fingerprint, or none
     as before issue 26), or damaged: a JSON list, or an empty ``decoding``."""
@@ -248,6 +307,25 @@ def _bad_data(world: World, tmp: Path) -> Path:
 def _long_validation(tmp: Path) -> Path:
     (tmp / "long.tsv").write_text("w1\tw1\n" + " ".join(["w2"] * 69) + "\tw2\n", encoding="utf-8")
     return _folder(tmp, "eval", "validation.results.json")
+
+
+def _average_copies(world: World, tmp: Path, damage: Callable[..., Path]) -> Path:
+    """checkpoint-1 as it is, checkpoint-2 damaged by ``damage`` (into ``tmp/ckpt``)."""
+    return damage(world, tmp, source=world.run / "checkpoint-2", name="ckpt")
+
+
+def _average_argv(world: World, tmp: Path) -> list[str]:
+    return [
+        "--checkpoints",
+        str(world.run / "checkpoint-1"),
+        str(tmp / "ckpt"),
+        "--output_dir",
+        str(tmp / "out"),
+    ]
+
+
+def _fine_tune_copy(world: World, tmp: Path) -> list[str]:
+    return _train("--model_name_or_path", str(tmp / "model"))(world, tmp)
 
 
 CLI_CASES: dict[str, Case] = {
@@ -536,6 +614,170 @@ CLI_CASES: dict[str, Case] = {
         "long.tsv, line 2: 70 tokens",
         lambda w, t: _long_validation(t),
     ),
+    # Round two: numbers, weights and configs (issue 26)
+    "ct2: translate with a 300-token tokenizer": Case(
+        "translate",
+        _with_tokenizer(_translate("--overwrite", model="copy")),
+        "the tokenizer's vocabulary has 300 tokens but the model's has 100",
+        _ct2_with_tokenizer(296),
+    ),
+    "ct2: translate with a 500-token tokenizer": Case(
+        "translate",
+        _with_tokenizer(_translate("--overwrite", model="copy")),
+        "the tokenizer's vocabulary has 500 tokens but the model's has 100",
+        _ct2_with_tokenizer(496),
+    ),
+    "ct2: translate with another pad id": Case(
+        "translate",
+        _with_tokenizer(_translate("--overwrite", model="copy")),
+        "pad_token_id is 3 in the tokenizer but 0 in the model",
+        _ct2_with_tokenizer(96, pad="<unk>"),
+    ),
+    "translate with --length_penalty nan": Case(
+        "translate",
+        _translate("--length_penalty", "nan"),
+        "--length_penalty nan: not a finite number",
+        lambda w, t: _file(t, "other.txt"),
+    ),
+    "translate with --length_penalty inf": Case(
+        "translate",
+        _translate("--overwrite", "--length_penalty", "inf"),
+        "--length_penalty inf: not a finite",
+        lambda w, t: _file(t),
+    ),
+    "evaluate with --length_penalty -inf": Case(
+        "evaluate_bleu",
+        _evaluate("--length_penalty=-inf"),
+        "--length_penalty -inf: not a finite number",
+        lambda w, t: _file(t, "other.txt"),
+    ),
+    "train with --learning_rate inf": Case(
+        "train",
+        _train("--learning_rate", "inf"),
+        "--learning_rate inf: not a finite number",
+        lambda w, t: _file(t),
+    ),
+    "train with --label_smoothing nan": Case(
+        "train",
+        _train("--label_smoothing", "nan"),
+        "--label_smoothing nan: not a finite number",
+        lambda w, t: _file(t),
+    ),
+    "the demo with --learning_rate inf": Case(
+        "demo",
+        lambda w, t: ["--quick", "--output_dir", str(t / "out"), "--learning_rate", "inf"],
+        "--learning_rate inf: not a finite number",
+        lambda w, t: _file(t),
+    ),
+    "translate a model with NaN weights": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "holds weights that are not finite numbers (NaN or inf) in 2 tensor(s): model.decoder.layers.1.fc2.bias, "
+        "model.encoder.layers.0.fc1.weight",
+        _nan_weights,
+    ),
+    "evaluate a model with NaN weights": Case(
+        "evaluate_bleu", _evaluate_copy(), "holds weights that are not finite", _nan_weights
+    ),
+    "publish a model with NaN weights": Case(
+        "publish",
+        lambda w, t: [
+            "--model_name_or_path",
+            str(t / "model"),
+            "--output_dir",
+            str(t / "out"),
+            "--overwrite",
+            "--results_files",
+            str(t / "validation.results.json"),
+            *CARD_ARGS,
+        ],
+        "holds weights that are not finite",
+        lambda w, t: (_nan_weights(w, t), _results(t, t / "model"))[
+            0
+        ],  # scores of that model: its weights fail
+    ),
+    "plot the attention of a model with NaN weights": Case(
+        "plot",
+        lambda w, t: [
+            "--model_name_or_path",
+            str(t / "model"),
+            "--sentence",
+            "w1 w2",
+            "--output_dir",
+            str(t / "out"),
+        ],
+        "holds weights that are not finite",
+        _nan_weights,
+    ),
+    "export a model with NaN weights to CTranslate2": Case(
+        "export_ctranslate2",
+        lambda w, t: ["--model_dir", str(t / "model"), "--output_dir", str(t / "out")],
+        "holds weights that are not finite",
+        lambda w, t: (pytest.importorskip("ctranslate2"), _nan_weights(w, t))[1],
+    ),
+    "export a model with NaN weights to ONNX": Case(
+        "export_onnx",
+        lambda w, t: ["--model_dir", str(t / "model"), "--output_dir", str(t / "out")],
+        "holds weights that are not finite",
+        _nan_weights,
+    ),
+    "average a checkpoint with NaN weights": Case(
+        "average_checkpoints",
+        _average_argv,
+        "ckpt' holds weights that are not finite",
+        lambda w, t: _average_copies(w, t, _nan_weights),
+    ),
+    "fine-tune a model with NaN weights": Case(
+        "train", _fine_tune_copy, "holds weights that are not finite", _nan_weights
+    ),
+    "translate with tie_word_embeddings false": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "its config.json disagrees with its weights (1 key(s) missing from the weights: lm_head.weight)",
+        lambda w, t: _edited_config(w, t, tie_word_embeddings=False),
+    ),
+    "translate a 2-layer checkpoint with decoder_layers 1": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "18 key(s) in the weights but not in the model: model.decoder.layers.1.",
+        lambda w, t: _edited_config(w, t, decoder_layers=1),
+    ),
+    "translate with decoder_layers 3": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "18 key(s) missing from the weights",
+        lambda w, t: _edited_config(w, t, decoder_layers=3),
+    ),
+    "translate with another encoder_ffn_dim": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "6 key(s) of another shape in the weights than in the model: model.encoder.layers.0.fc1.bias ((64,) vs (128,))",
+        lambda w, t: _edited_config(w, t, encoder_ffn_dim=128),
+    ),
+    "evaluate with tie_word_embeddings false": Case(
+        "evaluate_bleu",
+        _evaluate_copy(),
+        "missing from the weights: lm_head.weight",
+        lambda w, t: _edited_config(w, t, tie_word_embeddings=False),
+    ),
+    "export to CTranslate2 with decoder_layers 1": Case(
+        "export_ctranslate2",
+        lambda w, t: ["--model_dir", str(t / "model"), "--output_dir", str(t / "out")],
+        "in the weights but not in the model",
+        lambda w, t: (pytest.importorskip("ctranslate2"), _edited_config(w, t, decoder_layers=1))[1],
+    ),
+    "average a checkpoint whose config disagrees": Case(
+        "average_checkpoints",
+        _average_argv,
+        "missing from the weights: lm_head.weight",
+        lambda w, t: _average_copies(w, t, functools.partial(_edited_config, tie_word_embeddings=False)),
+    ),
+    "fine-tune a model whose config disagrees": Case(
+        "train",
+        _fine_tune_copy,
+        "missing from the weights: lm_head.weight",
+        lambda w, t: _edited_config(w, t, tie_word_embeddings=False),
+    ),
 }
 
 
@@ -623,7 +865,38 @@ API_CASES: dict[str, tuple[Callable[[], Any], str]] = {
         lambda: translate_nbest(tiny_model(), _word_tokenizer(), ["w1"], device="cpu", nbest=0),
         "--nbest 0: give at least 1",
     ),
+    # Round two: numbers, weights and configs (issue 26)
+    "translate() with a NaN length penalty": (
+        lambda: translate(
+            tiny_model(), _word_tokenizer(), ["w1"], DecodingOptions(length_penalty=float("nan"))
+        ),
+        "`length_penalty` is nan, not a finite number",
+    ),
+    "translate() with an infinite generate() option": (
+        lambda: translate(
+            tiny_model(), _word_tokenizer(), ["w1"], generate_kwargs={"repetition_penalty": float("inf")}
+        ),
+        "`repetition_penalty` is inf, not a finite number",
+    ),
+    "translate() with a length penalty set to inf after checking": (
+        lambda: translate(
+            tiny_model(), _word_tokenizer(), ["w1"], _set(DecodingOptions(), length_penalty=float("-inf"))
+        ),
+        "`length_penalty` is -inf",
+    ),
+    "generate_ids() with a NaN generate() option": (
+        lambda: generate_ids(
+            tiny_model(), torch.tensor([[5, 2]]), torch.ones(1, 2, dtype=torch.long), temperature=float("nan")
+        ),
+        "`temperature` is nan",
+    ),
 }
+
+
+def _set(options: DecodingOptions, **values: Any) -> DecodingOptions:
+    for name, value in values.items():
+        setattr(options, name, value)
+    return options
 
 
 @pytest.mark.parametrize("name", list(API_CASES))
@@ -1054,3 +1327,72 @@ def test_a_damaged_ctranslate2_model_is_one_line_naming_the_file(
     assert (
         last.startswith(f"error: {weights}: CTranslate2 cannot load it") and "hf-vanilla-export-ct2" in last
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Round two: numbers, weights and configs (issue 26)
+# --------------------------------------------------------------------------------------------------
+def test_a_ctranslate2_model_is_checked_against_its_tokenizer_like_a_transformers_one(
+    world: World, tmp_path: Path
+) -> None:
+    pytest.importorskip("ctranslate2")
+    from hf_vanilla.translate import CTranslate2Model
+
+    ct2 = CTranslate2Model(_ct2_export(world, tmp_path), torch.device("cpu"))
+    hf = tiny_model()
+    for tokenizer, message in (
+        (_word_tokenizer(296), "has 300 tokens but the model's has 100"),
+        (_word_tokenizer(96), None),
+    ):
+        if message is None:
+            assert translate(ct2, tokenizer, ["w1 w2"], generate_kwargs={"max_new_tokens": 2}) != [""]
+            continue
+        errors = []
+        for model in (hf, ct2):
+            with pytest.raises(ValueError, match=message) as error:
+                translate(model, tokenizer, ["w1 w2"], device="cpu")
+            errors.append(str(error.value))
+        assert errors[0] == errors[1]  # one check, one message, whatever the backend
+
+
+def test_the_app_and_convert_refuse_nan_weights(world: World, tmp_path: Path) -> None:
+    from transformers import MarianConfig, MarianMTModel
+
+    from hf_vanilla.convert import load_source_model
+
+    sizes = {"d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+             "decoder_attention_heads": 2, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "vocab_size": 40,
+             "pad_token_id": 39, "decoder_start_token_id": 39, "eos_token_id": 0}  # fmt: skip
+    MarianMTModel(MarianConfig(**sizes)).save_pretrained(tmp_path / "marian")
+    model, _ = load_source_model(tmp_path / "marian")  # a whole Marian folder loads: what is not saved passes
+    saved = load_file(str(tmp_path / "marian" / "model.safetensors"))
+    assert {"lm_head.weight", "model.encoder.embed_positions.weight"} <= set(model.state_dict()) - set(saved)
+    with pytest.raises(ValueError, match="marian-nan' holds weights that are not finite"):
+        load_source_model(_nan_weights(world, tmp_path, source=tmp_path / "marian", name="marian-nan"))
+    pytest.importorskip("gradio")
+    from hf_vanilla.app import load_for_demo
+
+    with pytest.raises(ValueError, match="holds weights that are not finite"):
+        load_for_demo(_nan_weights(world, tmp_path))
+    with pytest.raises(ValueError, match=r"missing from the weights: lm_head\.weight"):
+        load_for_demo(_edited_config(world, tmp_path, name="untied", tie_word_embeddings=False))
+
+
+def test_a_tied_head_passes_and_the_python_api_keeps_transformers_behaviour(
+    world: World, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForSeq2SeqLM
+
+    from hf_vanilla.safe_loading import load_pretrained_checked
+
+    model = load_pretrained_checked(world.model)  # lm_head is tied to the shared embedding, not saved
+    saved = load_file(str(world.model / "model.safetensors"))
+    assert "lm_head.weight" not in saved and model.lm_head.weight is model.model.shared.weight
+    untied = _edited_config(world, tmp_path, tie_word_embeddings=False)
+    _, info = AutoModelForSeq2SeqLM.from_pretrained(untied, output_loading_info=True)
+    assert info["missing_keys"] == {"lm_head.weight"}  # transformers reports it and loads: unchanged
+    assert not torch.isfinite(
+        AutoModelForSeq2SeqLM.from_pretrained(_nan_weights(world, tmp_path, name="nan"))
+        .model.encoder.layers[0]
+        .fc1.weight
+    ).all()

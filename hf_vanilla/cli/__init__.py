@@ -25,6 +25,9 @@ through :func:`run_cli`:
   that exists without ``--overwrite`` — ends in one line on stderr, ``error: <what and how to fix
   it>``, and exit status 1, without a traceback. ``--debug`` (``hf-vanilla-train``: ``--log_level
   debug``) lets the exception propagate with its traceback. Anything else (a bug) propagates as it is.
+* A number option given ``nan`` or ``inf`` is refused in one line naming it
+  (:func:`refuse_non_finite`, run by :func:`parse_arguments` and by the commands with their own parser):
+  argparse's ``float`` accepts both, and they decode or train into garbage without an error.
 * Ctrl-C ends in ``interrupted`` and status 130 (training first saves a checkpoint; see
   :class:`hf_vanilla.durability.SaveOnSignalCallback`).
 * Nothing that exists is replaced unless ``--overwrite`` is given
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,7 +50,7 @@ from transformers import HfArgumentParser
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEBUG_EPILOG", "OVERWRITE_HELP", "USER_ERRORS", "parse_arguments", "run_cli"]
+__all__ = ["DEBUG_EPILOG", "OVERWRITE_HELP", "USER_ERRORS", "parse_arguments", "refuse_non_finite", "run_cli"]
 
 #: Help text of every command's ``--overwrite`` flag.
 OVERWRITE_HELP = (
@@ -72,15 +76,33 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     """``--help`` of every command: the module docstring as written, and each option's default."""
 
 
+def refuse_non_finite(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Raise ``ValueError`` naming the first option of ``parser`` (an ``argparse`` or
+    :class:`HfArgumentParser` parser) that ``argv`` gives a non-finite number (``nan``, ``inf``,
+    ``-inf``), before any of the command's dataclasses is built. Defaults are the program's own and
+    are not checked."""
+    namespace, _ = parser.parse_known_args(list(argv))
+    for name, value in vars(namespace).items():
+        if value is parser.get_default(name):
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ValueError(
+                    f"--{name} {item}: not a finite number. Give an ordinary number (nan and inf are refused: "
+                    "they decode or train into garbage)."
+                )
+
+
 def parse_arguments(
     argv: Sequence[str], types: Any, description: str | None
 ) -> tuple[HfArgumentParser, tuple[Any, ...]]:
     """Parse ``argv`` into the dataclasses ``types`` (one or a tuple) with :class:`HfArgumentParser`
-    and the commands' ``--debug`` epilog, then log INFO and above to stderr. Returns the parser (for
-    ``parser.error``) and the parsed dataclasses."""
+    and the commands' ``--debug`` epilog, refusing non-finite numbers (:func:`refuse_non_finite`), then
+    log INFO and above to stderr. Returns the parser (for ``parser.error``) and the parsed dataclasses."""
     parser = HfArgumentParser(
         types, description=description, epilog=DEBUG_EPILOG, formatter_class=HelpFormatter
     )
+    refuse_non_finite(parser, argv)
     parsed = parser.parse_args_into_dataclasses(args=list(argv))
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     return parser, tuple(parsed)

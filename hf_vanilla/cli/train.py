@@ -26,7 +26,7 @@ import sys
 
 from transformers import HfArgumentParser
 
-from hf_vanilla.cli import run_cli
+from hf_vanilla.cli import refuse_non_finite, run_cli
 from hf_vanilla.data import DataArguments
 from hf_vanilla.training import ModelArguments, PaperTrainingArguments, run_training, setup_logging
 
@@ -36,6 +36,7 @@ def _run(argv: list[str]) -> None:
         (ModelArguments, DataArguments, PaperTrainingArguments),
         epilog="An error ends in one line; --log_level debug shows its traceback.",
     )
+    refuse_non_finite(parser, argv)
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     setup_logging(training_args)
     run_training(model_args, data_args, training_args)
