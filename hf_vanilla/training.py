@@ -953,6 +953,10 @@ def run_training(
     :func:`take_hub_push` checks.
     """
     check_process_group(training_args)
+    if training_args.resume_from_checkpoint in (None, "", "false", "False"):  # the kind, and no input in it
+        refuse_to_replace(
+            training_args.output_dir, True, "--output_dir", inputs=[model_args.model_name_or_path]
+        )
     resume = resolve_resume_checkpoint(
         training_args.resume_from_checkpoint, training_args.output_dir, training_args.overwrite
     )

@@ -39,7 +39,12 @@ def _run(argv: list[str]) -> None:
     if not args.push_only:
         if not model_args.model_name_or_path:
             parser.error("--model_name_or_path is required unless --push_only.")
-        refuse_to_replace(args.output_dir, args.overwrite, "--output_dir")  # before loading anything
+        refuse_to_replace(  # before loading anything
+            args.output_dir,
+            args.overwrite,
+            "--output_dir",
+            inputs=[model_args.model_name_or_path, *(args.results_files or [])],
+        )
         card_data_recorded_in(model_args.model_name_or_path, args)  # a training output, without --dataset
         model, tokenizer = load_model_and_tokenizer(model_args)
     folder = publish(model, tokenizer, args, model_dir=model_args.model_name_or_path)

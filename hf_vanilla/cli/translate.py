@@ -57,7 +57,9 @@ def _run(argv: list[str]) -> None:
         argv, (ModelArguments, DecodingOptions, IOArguments), __doc__
     )
     if io.output_file != "-":
-        refuse_to_replace(io.output_file, io.overwrite, "--output_file")  # before loading anything
+        refuse_to_replace(  # before loading anything
+            io.output_file, io.overwrite, "--output_file", kind="file", inputs=[io.input_file]
+        )
     if io.nbest is not None and not 1 <= io.nbest <= decoding.num_beams:
         raise ValueError(f"--nbest {io.nbest} needs --num_beams >= {io.nbest} (now {decoding.num_beams}).")
     if io.max_length is not None and io.max_length < 1:
