@@ -257,18 +257,33 @@ def _refuse_own_input(output: Path, what: str, inputs: Iterable[str | Path | Non
 def atomic_file(final: str | Path, binary: bool = False) -> Iterator[TextIO | BinaryIO]:
     """A file (UTF-8 text, or bytes with ``binary``) written under a temporary name beside ``final``
     and renamed to ``final`` only if the block succeeds: ``final`` is the old file (or absent) until
-    the new one is complete."""
+    the new one is complete. Folders made for it are removed again if the block fails."""
     final = Path(final)
+    with _new_parents(final):
+        staged = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            with staged.open("wb") if binary else staged.open("w", encoding="utf-8") as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(staged, final)
+        finally:
+            staged.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _new_parents(final: Path) -> Iterator[None]:
+    """Make the missing folders above ``final``; remove them again (if still empty) when the block fails,
+    so a failed or interrupted command leaves no trace."""
+    made = [parent for parent in final.parents if not parent.exists()]
     final.parent.mkdir(parents=True, exist_ok=True)
-    staged = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
-        with staged.open("wb") if binary else staged.open("w", encoding="utf-8") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(staged, final)
-    finally:
-        staged.unlink(missing_ok=True)
+        yield
+    except BaseException:
+        for parent in made:  # innermost first
+            with contextlib.suppress(OSError):  # not empty: something else wrote there meanwhile
+                parent.rmdir()
+        raise
 
 
 def _fsync_dir(path: Path) -> None:
@@ -286,20 +301,21 @@ def atomic_directory(final: str | Path, *, checksums: bool = False) -> Iterator[
 
     ``with atomic_directory(out) as tmp: model.save_pretrained(tmp)`` leaves ``out`` untouched (old
     contents, or absent) if saving fails or the process dies; on success ``out`` holds exactly what
-    was written to ``tmp`` (plus ``checksums.sha256`` with ``checksums=True``).
+    was written to ``tmp`` (plus ``checksums.sha256`` with ``checksums=True``); folders made above
+    ``out`` are removed again on failure.
     """
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staged = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
-    staged.mkdir()
-    try:
-        yield staged
-        if checksums:
-            write_checksums(staged)
-        publish_directory(staged, final)
-    finally:
-        if staged.exists():
-            shutil.rmtree(staged)
+    with _new_parents(final):
+        staged = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+        staged.mkdir()
+        try:
+            yield staged
+            if checksums:
+                write_checksums(staged)
+            publish_directory(staged, final)
+        finally:
+            if staged.exists():
+                shutil.rmtree(staged)
 
 
 def save_pretrained_atomic(folder: str | Path, *objects: Any, checksums: bool = False, **kwargs: Any) -> Path:

@@ -33,7 +33,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from hf_vanilla.cli import run_cli
 from hf_vanilla.data import read_split_files
 from hf_vanilla.demo import main as demo_main
-from hf_vanilla.durability import atomic_directory
+from hf_vanilla.durability import atomic_directory, atomic_file
 from hf_vanilla.training import ModelArguments, PaperSeq2SeqTrainer, PaperTrainingArguments, build_model
 from hf_vanilla.translate import translate, translate_stream
 
@@ -800,7 +800,7 @@ _FOLDER_WRITE_KILLED = """
 import os, signal, sys
 from pathlib import Path
 from hf_vanilla.cli import run_cli
-from hf_vanilla.durability import atomic_directory
+from hf_vanilla.durability import atomic_directory, atomic_file
 
 def body(argv):
     with atomic_directory(Path(argv[0])) as staged:
@@ -849,3 +849,17 @@ def test_sigterm_during_translation_leaves_the_folder_as_it_was(world: World, tm
         process.kill()
     assert process.returncode == 143 and err.strip().splitlines()[-1] == "terminated", err[-2000:]
     assert _snapshot(tmp_path) == before
+
+
+def test_a_failed_write_removes_the_folders_it_made(tmp_path: Path) -> None:
+    """A file or folder that was to go into new folders leaves none behind when writing fails."""
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        atomic_file(tmp_path / "new" / "deep" / "out.txt") as handle,
+    ):
+        handle.write("half")
+        raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), atomic_directory(tmp_path / "new" / "out") as staged:
+        (staged / "config.json").write_text("{}", encoding="utf-8")
+        raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
