@@ -204,7 +204,7 @@ def refuse_to_replace(
     Commands call it before doing any work, so a refused run changes nothing and costs nothing. It
     refuses, whatever ``overwrite`` says: a ``path`` that is or holds one of the command's ``inputs``
     (replacing it would delete the input; ``None``, ``"-"`` and paths that do not exist locally, such
-    as Hub ids, are skipped), an existing path of another kind (``--overwrite`` never replaces a file
+    as Hub ids, are skipped), a folder that is or holds the current folder, an existing path of another kind (``--overwrite`` never replaces a file
     with a folder or the reverse, nor a symbolic link or a pipe), and a file name ending in ``/``.
     Without ``overwrite`` it raises ``FileExistsError`` if ``path`` exists (an empty folder does not
     count).
@@ -217,6 +217,13 @@ def refuse_to_replace(
             f"changed. Name the file, e.g. {str(path / 'output.txt')!r}."
         )
     _refuse_own_input(path, what, inputs)
+    cwd = Path.cwd()
+    if kind == "folder" and (path.resolve() == cwd or path.resolve() in cwd.parents):
+        raise ValueError(
+            f"{what} {text!r} {'is' if path.resolve() == cwd else 'holds'} the current folder {str(cwd)!r}: "
+            "replacing it would delete what is in it; nothing was changed. Choose a new folder, e.g. "
+            f"{str(path / 'out')!r}."
+        )
     if os.path.lexists(path):
         found = _kind_of(path)
         if found == "symbolic link" and kind == "file" and path.is_file():

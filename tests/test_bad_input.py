@@ -863,3 +863,17 @@ def test_a_failed_write_removes_the_folders_it_made(tmp_path: Path) -> None:
         (staged / "config.json").write_text("{}", encoding="utf-8")
         raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_never_replaces_the_current_folder(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--output_dir .. --overwrite`` would replace the folder the user works in, and all in it."""
+    work = _folder(tmp_path, "work")
+    monkeypatch.chdir(work)
+    before = _snapshot(tmp_path)
+    for output in (".", ".."):
+        argv = ["--run_dir", str(world.run), "--last_n", "2", "--output_dir", output, "--overwrite"]
+        assert script_main("average_checkpoints")(argv) == 1
+        assert "the current folder" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert _snapshot(tmp_path) == before
