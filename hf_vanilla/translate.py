@@ -74,6 +74,7 @@ __all__ = [
     "InputTooLongError",
     "ModelArguments",
     "check_dtype",
+    "check_input_file",
     "format_nbest",
     "generate_hypotheses",
     "generate_ids",
@@ -699,6 +700,21 @@ def _decoded_lines(stream: BinaryIO | TextIO, name: str) -> Iterator[str]:
         yield line.rstrip("\n").rstrip("\r")
 
 
+def check_input_file(source: str | Path) -> bool:
+    """Raise (one line) if the input file ``source`` is missing or a folder; return whether it is a
+    regular file (``False``: a pipe, such as bash's ``<(...)``, which can be read only once)."""
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"--input_file {str(source)!r} does not exist. Check the path, or pass - for stdin."
+        )
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"--input_file {str(source)!r} is a folder; give a text file, one sentence a line."
+        )
+    return path.is_file()
+
+
 def translate_stream(
     model: Any,
     tokenizer: Any,
@@ -735,17 +751,7 @@ def translate_stream(
     if not to_stdout:
         refuse_to_replace(output, overwrite, "--output_file", kind="file", inputs=[source])
     name = "<stdin>" if from_stdin else str(source)
-    streamed = from_stdin  # read once, as it comes: stdin, or a pipe such as bash's <(...)
-    if not from_stdin:
-        if not Path(source).exists():
-            raise FileNotFoundError(
-                f"--input_file {name!r} does not exist. Check the path, or pass - for stdin."
-            )
-        if Path(source).is_dir():
-            raise IsADirectoryError(
-                f"--input_file {name!r} is a folder; give a text file, one sentence a line."
-            )
-        streamed = not Path(source).is_file()
+    streamed = from_stdin or not check_input_file(source)  # read once, as it comes
     if not streamed:
         with open(source, "rb") as handle:
             for _ in _decoded_lines(handle, name):  # fail before hours of translation, not after

@@ -468,6 +468,18 @@ CLI_CASES: dict[str, Case] = {
         "holds the input",
         lambda w, t: Path(shutil.copy(w.data, Path(_folder(t, "cv")) / "data.tsv")).parent,
     ),
+    "translate a missing input file, before loading the model": Case(
+        "translate",
+        lambda w, t: [*_translate(model="runs/no/such/model")(w, t), "--input_file", str(t / "no.txt")],
+        "no.txt' does not exist. Check the path",
+        lambda w, t: _file(t, "other.txt"),
+    ),
+    "translate a folder given as the input file": Case(
+        "translate",
+        lambda w, t: [*_translate("--overwrite")(w, t), "--input_file", str(t)],
+        "is a folder; give a text file",
+        lambda w, t: _file(t),
+    ),
     "fine-tune a model into its own folder, --overwrite": Case(
         "train",
         lambda w, t: _train_argv(

@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 
 from hf_vanilla.cli import OVERWRITE_HELP, parse_arguments, run_cli
 from hf_vanilla.durability import refuse_to_replace
-from hf_vanilla.translate import DecodingOptions, ModelArguments, load_model_and_tokenizer, translate_stream
+from hf_vanilla.translate import (
+    DecodingOptions,
+    ModelArguments,
+    check_input_file,
+    load_model_and_tokenizer,
+    translate_stream,
+)
 
 
 @dataclass
@@ -60,6 +66,8 @@ def _run(argv: list[str]) -> None:
         refuse_to_replace(  # before loading anything
             io.output_file, io.overwrite, "--output_file", kind="file", inputs=[io.input_file]
         )
+    if io.input_file != "-":
+        check_input_file(io.input_file)  # before loading anything
     if io.nbest is not None and not 1 <= io.nbest <= decoding.num_beams:
         raise ValueError(f"--nbest {io.nbest} needs --num_beams >= {io.nbest} (now {decoding.num_beams}).")
     if io.max_length is not None and io.max_length < 1:
