@@ -481,7 +481,7 @@ def convert(
     ``overwrite``; the folder is written under a temporary name and renamed into place when complete.
     """
     output_dir = Path(output_dir)
-    refuse_to_replace(output_dir, overwrite, "--output_dir")
+    refuse_to_replace(output_dir, overwrite, "--output_dir", inputs=[source])
     folder = _local_folder(source, revision)
     model, model_type = load_source_model(folder, source_format)
     converted = convert_model(model)

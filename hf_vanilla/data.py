@@ -135,6 +135,17 @@ class DataArguments:
         given = {"train": self.train_files, "validation": self.validation_files, "test": self.test_files}
         return {split: files for split, files in given.items() if files}
 
+    def input_paths(self) -> list[str]:
+        """Every local path the data arguments may read (a prefix's language files included), for the
+        check that no output replaces an input (:func:`hf_vanilla.durability.refuse_to_replace`)."""
+        langs = (self.source_lang, self.target_lang)
+        return [
+            name
+            for files in self.local_files().values()
+            for file in files
+            for name in (file, *(f"{file}.{lang}{gz}" for lang in langs for gz in ("", ".gz")))
+        ]
+
 
 def load_from_args(args: DataArguments) -> datasets.DatasetDict:
     """Load the parallel data described by `args` (see `DataArguments`)."""
@@ -336,8 +347,11 @@ def _open_bytes(path: Path):
 
 
 def _check_file(path: Path) -> None:
-    if not path.is_file():
-        raise FileNotFoundError(f"Data file {str(path)!r} does not exist (or is not a file).")
+    """A data file is read once, so a pipe (bash's ``<(...)``) does as well as a file; a folder does not."""
+    if not path.exists():
+        raise FileNotFoundError(f"Data file {str(path)!r} does not exist. Check the path.")
+    if path.is_dir():
+        raise IsADirectoryError(f"Data file {str(path)!r} is a folder; give the file in it.")
 
 
 def text_lines(stream: Iterable[bytes | str], name: str) -> Iterator[str]:

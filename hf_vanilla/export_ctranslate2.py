@@ -279,7 +279,7 @@ def export_ctranslate2(
     generation config.
     """
     _require_ctranslate2()
-    refuse_to_replace(output_dir, overwrite, "--output_dir")
+    refuse_to_replace(output_dir, overwrite, "--output_dir", inputs=[model_dir])
     converter = VanillaTransformerConverter(model_dir)
     with atomic_directory(output_dir) as staged:
         converter.convert(str(staged), quantization=quantization, force=True)

@@ -686,7 +686,9 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
         raise ValueError("--push_to_hub needs --hub_model_id (e.g. 'user/transformer-base-en-de').")
     folder = Path(args.output_dir)
     if not args.push_only:
-        refuse_to_replace(folder, args.overwrite, "--output_dir")
+        refuse_to_replace(
+            folder, args.overwrite, "--output_dir", inputs=[model_dir, *(args.results_files or [])]
+        )
         results = load_results(args.results_files or [], model_dir)
         decoding = results[0]["decoding"]
         model.generation_config.num_beams = decoding["num_beams"]

@@ -963,6 +963,10 @@ def run_training(
     before anything is saved.
     """
     check_process_group(training_args)
+    if training_args.resume_from_checkpoint in (None, "", "false", "False"):  # the kind, and no input in it
+        refuse_to_replace(
+            training_args.output_dir, True, "--output_dir", inputs=[model_args.model_name_or_path]
+        )
     # One launch per output folder: its main process holds a lock on it until the run ends.
     with hold_run_dir(training_args.output_dir, hold=training_args.process_index == 0):
         return _run_training(model_args, data_args, training_args)

@@ -76,6 +76,7 @@ __all__ = [
     "InputTooLongError",
     "ModelArguments",
     "check_dtype",
+    "check_input_file",
     "check_input_length",
     "check_nbest",
     "format_nbest",
@@ -764,6 +765,21 @@ def format_nbest(index: int, hypotheses: list[Hypothesis]) -> str:
     return "".join(f"{index}\t{hypothesis.score:.4f}\t{hypothesis.text}\n" for hypothesis in hypotheses)
 
 
+def check_input_file(source: str | Path) -> bool:
+    """Raise (one line) if the input file ``source`` is missing or a folder; return whether it is a
+    regular file (``False``: a pipe, such as bash's ``<(...)``, which can be read only once)."""
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"--input_file {str(source)!r} does not exist. Check the path, or pass - for stdin."
+        )
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"--input_file {str(source)!r} is a folder; give a text file, one sentence a line."
+        )
+    return path.is_file()
+
+
 def translate_stream(
     model: Any,
     tokenizer: Any,
@@ -786,8 +802,9 @@ def translate_stream(
     seconds: typed or piped lines are translated as they arrive, and long files do not need to fit in
     memory. Output goes to stdout as each buffer is translated. Without ``nbest`` each input line gives
     one output line, blank lines blank lines; with ``nbest`` see :func:`format_nbest`.
-    Input must be UTF-8 text: a file is checked whole before anything is translated, and a bad line (or
-    one longer than the model's longest input) raises ``ValueError`` naming the file and line.
+    Input must be UTF-8 text: a file is checked whole before anything is translated (a pipe, such as
+    bash's ``<(...)``, is read once, as it comes, like stdin), and a bad line (or one longer than the
+    model's longest input) raises ``ValueError`` naming the file and line.
     An output file that exists is refused (``FileExistsError``) unless ``overwrite``; the output is
     written under a temporary name beside it and renamed into place when every line is translated,
     so it is complete or absent (an old one stays as it was) — never partial. Returns the number of
@@ -797,11 +814,10 @@ def translate_stream(
         raise ValueError(f"--buffer_size must be at least 1 line, got {chunk_lines}.")
     from_stdin, to_stdout = source in (None, "-"), output in (None, "-")
     if not to_stdout:
-        refuse_to_replace(output, overwrite, "--output_file")
+        refuse_to_replace(output, overwrite, "--output_file", kind="file", inputs=[source])
     name = "<stdin>" if from_stdin else str(source)
-    if not from_stdin:
-        if not Path(source).is_file():
-            raise FileNotFoundError(f"--input_file {name!r} does not exist (or is not a file).")
+    streamed = from_stdin or not check_input_file(source)  # read once, as it comes
+    if not streamed:
         with open(source, "rb") as handle:
             for _ in text_lines(handle, name):  # fail before hours of translation, not after
                 pass
@@ -812,7 +828,7 @@ def translate_stream(
         )
         out_stream = sys.stdout if to_stdout else stack.enter_context(atomic_file(output))
         lines = text_lines(in_stream, name)
-        buffers = _buffers(lines, chunk_lines, pause) if from_stdin else _chunks(lines, chunk_lines)
+        buffers = _buffers(lines, chunk_lines, pause) if streamed else _chunks(lines, chunk_lines)
         for chunk in buffers:
             try:
                 translated = translate_nbest(

@@ -21,6 +21,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +39,12 @@ from transformers.modeling_outputs import BaseModelOutput
 from hf_vanilla.cli import run_cli
 from hf_vanilla.data import load_local_files, read_split_files
 from hf_vanilla.demo import main as demo_main
-from hf_vanilla.durability import SaveOnSignalCallback, atomic_directory, find_complete_checkpoints
+from hf_vanilla.durability import (
+    SaveOnSignalCallback,
+    atomic_directory,
+    atomic_file,
+    find_complete_checkpoints,
+)
 from hf_vanilla.safe_loading import weights_fingerprint
 from hf_vanilla.tokenization import tokenize_translations
 from hf_vanilla.training import ModelArguments, PaperSeq2SeqTrainer, PaperTrainingArguments, build_model
@@ -164,6 +171,12 @@ def _damaged_run(world: World, tmp: Path) -> Path:
 def _input(tmp: Path, data: bytes) -> Path:
     (tmp / "in.txt").write_bytes(data)
     return _file(tmp)
+
+
+def _model_inside(world: World, tmp: Path, name: str = "") -> Path:
+    """A copy of the tiny model at ``tmp/cv/name`` (``tmp/cv`` itself by default); returns ``tmp/cv``."""
+    shutil.copytree(world.model, tmp / "cv" / name)
+    return tmp / "cv"
 
 
 def _translate(*extra: str, model: str | None = None) -> Callable[[World, Path], list[str]]:
@@ -777,6 +790,111 @@ CLI_CASES: dict[str, Case] = {
         _fine_tune_copy,
         "missing from the weights: lm_head.weight",
         lambda w, t: _edited_config(w, t, tie_word_embeddings=False),
+    ),
+    # Round two: outputs and --overwrite (issue 26)
+    "average --overwrite onto a file": Case(
+        "average_checkpoints",
+        _average("--overwrite", output="notes.txt"),
+        "is a file, and this command writes a folder",
+        lambda w, t: _file(t, "notes.txt"),
+    ),
+    "train a tokenizer --overwrite onto a file": Case(
+        "train_tokenizer",
+        lambda w, t: [*_tokenizer_argv(w, t), "--vocab_size", "300", "--overwrite"],
+        "is a file, and this command writes a folder",
+        lambda w, t: _file(t, "out"),
+    ),
+    "translate --overwrite onto a folder": Case(
+        "translate",
+        _translate("--overwrite"),
+        "is a folder, and this command writes a file",
+        lambda w, t: _folder(t, "out.txt"),
+    ),
+    "draw a picture --overwrite onto a folder": Case(
+        "plot",
+        lambda w, t: ["--positional_encoding", "--output_dir", str(t / "plots"), "--overwrite"],
+        "is a folder, and this command writes a file",
+        lambda w, t: _folder(_folder(t, "plots"), "positional_encoding.png"),
+    ),
+    "translate to a file name ending in /": Case(
+        "translate",
+        lambda w, t: [*_translate()(w, t)[:-4], "--output_file", f"{t}/newdir/", "--device", "cpu"],
+        "ends with '/'",
+        lambda w, t: _file(t, "other.txt").parent,  # the folder must not gain a file named newdir
+    ),
+    "translate onto its own input, --overwrite": Case(
+        "translate",
+        lambda w, t: [*_translate("--overwrite")(w, t), "--output_file", str(t / "in.txt")],
+        "is the input",
+        lambda w, t: _input(t, b"w1 w2\nw3\n").with_name("in.txt"),
+    ),
+    "convert into the folder of its source, --overwrite": Case(
+        "convert",
+        lambda w, t: ["--source", str(t / "cv" / "src"), "--output_dir", str(t / "cv"), "--overwrite"],
+        "holds the input",
+        lambda w, t: _model_inside(w, t, "src"),
+    ),
+    "export CTranslate2 into the model's own folder, --overwrite": Case(
+        "export_ctranslate2",
+        lambda w, t: ["--model_dir", str(t / "cv"), "--output_dir", str(t / "cv"), "--overwrite"],
+        "is the input",
+        lambda w, t: _model_inside(w, t),
+    ),
+    "export ONNX into a folder holding the model, --overwrite": Case(
+        "export_onnx",
+        lambda w, t: ["--model_dir", str(t / "cv" / "model"), "--output_dir", str(t / "cv"), "--overwrite"],
+        "holds the input",
+        lambda w, t: _model_inside(w, t, "model"),
+    ),
+    "publish into a folder holding the model, --overwrite": Case(
+        "publish",
+        lambda w, t: [
+            "--model_name_or_path",
+            str(t / "cv" / "model"),
+            "--output_dir",
+            str(t / "cv"),
+            "--overwrite",
+        ],
+        "holds the input",
+        lambda w, t: _model_inside(w, t, "model"),
+    ),
+    "train a tokenizer into the folder of its data, --overwrite": Case(
+        "train_tokenizer",
+        lambda w, t: [
+            "--train_files",
+            str(t / "cv" / "data.tsv"),
+            "--source_lang",
+            "en",
+            "--target_lang",
+            "de",
+            "--vocab_size",
+            "300",
+            "--output_dir",
+            str(t / "cv"),
+            "--overwrite",
+        ],
+        "holds the input",
+        lambda w, t: Path(shutil.copy(w.data, Path(_folder(t, "cv")) / "data.tsv")).parent,
+    ),
+    "translate a missing input file, before loading the model": Case(
+        "translate",
+        lambda w, t: [*_translate(model="runs/no/such/model")(w, t), "--input_file", str(t / "no.txt")],
+        "no.txt' does not exist. Check the path",
+        lambda w, t: _file(t, "other.txt"),
+    ),
+    "translate a folder given as the input file": Case(
+        "translate",
+        lambda w, t: [*_translate("--overwrite")(w, t), "--input_file", str(t)],
+        "is a folder; give a text file",
+        lambda w, t: _file(t),
+    ),
+    "fine-tune a model into its own folder, --overwrite": Case(
+        "train",
+        lambda w, t: _train_argv(
+            w.data, w.model, t / "cv", "--model_name_or_path", str(t / "cv"), "--overwrite"
+        ),
+        "is the input",
+        lambda w, t: _model_inside(w, t),
     ),
 }
 
@@ -1396,3 +1514,137 @@ def test_a_tied_head_passes_and_the_python_api_keeps_transformers_behaviour(
         .model.encoder.layers[0]
         .fc1.weight
     ).all()
+
+
+# --------------------------------------------------------------------------------------------------
+# Round two: outputs, --overwrite and interrupted commands (issue 26)
+# --------------------------------------------------------------------------------------------------
+def test_publish_directory_never_replaces_a_file_or_a_link(tmp_path: Path) -> None:
+    """The shared publishing step refuses to put a folder where a file or a link is, and keeps it."""
+    notes = _file(tmp_path, "notes.txt")
+    target = _folder(tmp_path, "target")
+    (tmp_path / "link").symlink_to(target)
+    for final in (notes, tmp_path / "link"):
+        with pytest.raises(FileExistsError, match="not a folder"), atomic_directory(final) as staged:
+            (staged / "config.json").write_text("{}", encoding="utf-8")
+    assert notes.read_text(encoding="utf-8") == MARKER and (tmp_path / "link").resolve() == target
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "notes.txt", "target"]
+
+
+def test_a_pipe_is_read_as_the_input_file(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--input_file <(...)`` hands the command a pipe: it is read once, like stdin, and translated."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+
+    def feed() -> None:
+        with open(pipe, "w", encoding="utf-8") as writer:
+            writer.write("w1 w2 w3\n\nw4\n")
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    out = tmp_path / "out.txt"
+    argv = ["--model_name_or_path", str(world.model), "--input_file", str(pipe), "--output_file", str(out)]
+    status = script_main("translate")([*argv, "--device", "cpu"])
+    writer.join(timeout=10)
+    assert status == 0, capsys.readouterr().err[-2000:]
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 3
+
+
+def test_pipes_are_read_as_data_files(tmp_path: Path) -> None:
+    """``--train_files <(...) <(...)``: two pipes, read once each, give the sentence pairs."""
+    pipes = [tmp_path / "src", tmp_path / "tgt"]
+    writers = []
+    for pipe, text in zip(pipes, ("w1 w2\nw3\n", "w2 w1\nw3\n"), strict=True):
+        os.mkfifo(pipe)
+        writers.append(threading.Thread(target=pipe.write_text, args=(text,), daemon=True))
+        writers[-1].start()
+    assert read_split_files([str(p) for p in pipes], "en", "de") == (["w1 w2", "w3"], ["w2 w1", "w3"])
+    for writer in writers:
+        writer.join(timeout=10)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_split_files([str(tmp_path / "missing.en"), str(tmp_path / "missing.de")], "en", "de")
+
+
+_FOLDER_WRITE_KILLED = """
+import os, signal, sys
+from pathlib import Path
+from hf_vanilla.cli import run_cli
+from hf_vanilla.durability import atomic_directory, atomic_file
+
+def body(argv):
+    with atomic_directory(Path(argv[0])) as staged:
+        (staged / "model.safetensors").write_bytes(b"half")
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the command")
+
+sys.exit(run_cli(body, [sys.argv[1]]))
+"""
+
+
+def test_sigterm_during_a_folder_write_leaves_no_staged_folder(tmp_path: Path) -> None:
+    """A command stopped by SIGTERM while its output folder is staged removes it, as Ctrl-C does."""
+    old = _folder(tmp_path, "out")
+    before = _snapshot(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", _FOLDER_WRITE_KILLED, str(old)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 143 and done.stderr.strip().splitlines()[-1] == "terminated", done.stderr[
+        -2000:
+    ]
+    assert _snapshot(tmp_path) == before  # the old folder as it was, no .out.tmp-... beside it
+
+
+def test_sigterm_during_translation_leaves_the_folder_as_it_was(world: World, tmp_path: Path) -> None:
+    """SIGTERM while ``--output_file`` is being written (stdin kept open, so the command is mid-way):
+    the old output stays, the temporary file goes, and the command ends in one line, status 143."""
+    _file(tmp_path)
+    before = _snapshot(tmp_path)
+    command = [sys.executable, str(ROOT / "scripts" / "translate.py"), "--model_name_or_path", str(world.model),
+               "--output_file", str(tmp_path / "out.txt"), "--overwrite", "--device", "cpu"]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path.parent
+    )
+    try:
+        process.stdin.write("w1 w2 w3\n")
+        process.stdin.flush()
+        staged: list[Path] = []
+        while not staged or staged[0].stat().st_size == 0:  # the first line is translated and written
+            assert process.poll() is None, process.stderr.read()[-2000:]
+            staged = list(tmp_path.glob(".out.txt.tmp-*"))
+            time.sleep(0.05)  # polling for the condition, not waiting for it to happen
+        process.send_signal(signal.SIGTERM)
+        err = process.communicate(timeout=120)[1]
+    finally:
+        process.kill()
+    assert process.returncode == 143 and err.strip().splitlines()[-1] == "terminated", err[-2000:]
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_failed_write_removes_the_folders_it_made(tmp_path: Path) -> None:
+    """A file or folder that was to go into new folders leaves none behind when writing fails."""
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        atomic_file(tmp_path / "new" / "deep" / "out.txt") as handle,
+    ):
+        handle.write("half")
+        raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), atomic_directory(tmp_path / "new" / "out") as staged:
+        (staged / "config.json").write_text("{}", encoding="utf-8")
+        raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_never_replaces_the_current_folder(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--output_dir .. --overwrite`` would replace the folder the user works in, and all in it."""
+    work = _folder(tmp_path, "work")
+    monkeypatch.chdir(work)
+    before = _snapshot(tmp_path)
+    for output in (".", ".."):
+        argv = ["--run_dir", str(world.run), "--last_n", "2", "--output_dir", output, "--overwrite"]
+        assert script_main("average_checkpoints")(argv) == 1
+        assert "the current folder" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert _snapshot(tmp_path) == before

@@ -28,8 +28,10 @@ through :func:`run_cli`:
 * A number option given ``nan`` or ``inf`` is refused in one line naming it
   (:func:`refuse_non_finite`, run by :func:`parse_arguments` and by the commands with their own parser):
   argparse's ``float`` accepts both, and they decode or train into garbage without an error.
-* Ctrl-C ends in ``interrupted`` and status 130 (training first saves a checkpoint; see
-  :class:`hf_vanilla.durability.SaveOnSignalCallback`).
+* Ctrl-C ends in ``interrupted`` and status 130, SIGTERM (``kill``, a scheduler) in ``terminated``
+  and status 143, after the same clean-up: temporary files and staged folders are removed and every
+  existing output stays as it was (training first saves a checkpoint; see
+  :class:`hf_vanilla.durability.SaveOnSignalCallback`, which handles both signals while it trains).
 * Nothing that exists is replaced unless ``--overwrite`` is given
   (:func:`hf_vanilla.durability.refuse_to_replace`), and outputs are written under a temporary
   name and renamed into place when complete, so a refused or failed run leaves them as they were.
@@ -41,7 +43,9 @@ import argparse
 import itertools
 import logging
 import math
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,12 +54,22 @@ from transformers import HfArgumentParser
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEBUG_EPILOG", "OVERWRITE_HELP", "USER_ERRORS", "parse_arguments", "refuse_non_finite", "run_cli"]
+__all__ = [
+    "DEBUG_EPILOG",
+    "OVERWRITE_HELP",
+    "USER_ERRORS",
+    "Terminated",
+    "parse_arguments",
+    "refuse_non_finite",
+    "run_cli",
+]
 
 #: Help text of every command's ``--overwrite`` flag.
 OVERWRITE_HELP = (
-    "Replace an existing output. Without it an existing output is never touched: the command stops first. "
-    "Either way the output is written under a temporary name and moved into place only when complete."
+    "Replace an existing output of the same kind (a folder with a folder, a file with a file). Without it an "
+    "existing output is never touched: the command stops first. An output that is or holds an input is "
+    "always refused. Either way the output is written under a temporary name and moved into place only "
+    "when complete."
 )
 #: Epilog of every command's ``--help`` (``--debug`` is taken out of the arguments by :func:`run_cli`).
 DEBUG_EPILOG = "An error ends in one line; --debug shows its traceback."
@@ -70,6 +84,15 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     HfHubHTTPError,
     StrictDataclassError,
 )
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread on SIGTERM while :func:`run_cli` runs a command, so that the ``finally``
+    blocks and context managers that remove temporary files run, as they do on Ctrl-C."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated(signal.Signals(signum).name)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -116,21 +139,35 @@ def _wants_traceback(argv: Sequence[str]) -> bool:
 
 
 def run_cli(
-    body: Callable[[list[str]], object], argv: Sequence[str] | None = None, *, debug_flag: bool = True
+    body: Callable[[list[str]], object],
+    argv: Sequence[str] | None = None,
+    *,
+    debug_flag: bool = True,
+    catch_sigterm: bool = True,
 ) -> int:
     """Run a command's ``body(argv)`` and turn user errors and Ctrl-C into one line and an exit status.
 
     With ``debug_flag`` a ``--debug`` argument is taken out of ``argv`` before ``body`` parses it
     (``train.py`` passes ``False``: its ``--debug`` belongs to ``TrainingArguments``). Returns 0 on
-    success, 1 after a user error, 130 after Ctrl-C; ``SystemExit`` (``--help``, a usage error, a
-    training run stopped by a signal) passes through.
+    success, 1 after a user error, 130 after Ctrl-C, 143 after SIGTERM (raised as :class:`Terminated`
+    in the main thread, so clean-up runs); ``SystemExit`` (``--help``, a usage error, a
+    training run stopped by a signal) passes through. ``train.py`` also passes ``catch_sigterm=False``:
+    :class:`~hf_vanilla.durability.SaveOnSignalCallback` handles its signals, and a second SIGTERM
+    kills it at once.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     debug = _wants_traceback(args)
     if debug_flag:
         args = [a for a in args if a != "--debug"]
+    catching = catch_sigterm and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if catching else None
     try:
         body(args)
+    except Terminated:
+        if debug:
+            raise
+        print("terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         if debug:
             raise
@@ -141,4 +178,7 @@ def run_cli(
             raise
         print("error:", " ".join(str(err).split()), file=sys.stderr)  # one line, also for multi-line messages
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0

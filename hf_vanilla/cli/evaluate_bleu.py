@@ -97,7 +97,9 @@ def _run(argv: list[str]) -> None:
     split = test_set or eval_args.split
     output_dir = Path(eval_args.output_dir or default_output_dir(model_args.model_name_or_path))
     for path in result_files(output_dir, split, tgt):  # before any work
-        refuse_to_replace(path, eval_args.overwrite, "The evaluation output")
+        refuse_to_replace(
+            path, eval_args.overwrite, "The evaluation output", kind="file", inputs=data_args.input_paths()
+        )
     if test_set:
         sources, references = load_sacrebleu_test_set(test_set, f"{src}-{tgt}")
         dataset_name = f"sacreBLEU {test_set} {src}-{tgt}"

@@ -31,7 +31,7 @@ class OnnxExportArguments:
 
 def _run(argv: list[str]) -> None:
     _, (args,) = parse_arguments(argv, OnnxExportArguments, __doc__)
-    refuse_to_replace(args.output_dir, args.overwrite)
+    refuse_to_replace(args.output_dir, args.overwrite, "--output_dir", inputs=[args.model_dir])
     model, tokenizer = load_model_and_tokenizer(
         ModelArguments(model_name_or_path=args.model_dir, device="cpu")
     )

@@ -67,7 +67,9 @@ def _run(argv: list[str]) -> None:
         ["cross_attention_grid.png", "cross_attention_mean.png"] if args.sentence else []
     )
     for name in names + (["positional_encoding.png"] if args.positional_encoding else []):
-        refuse_to_replace(out / name, args.overwrite, "The picture")  # before any work
+        refuse_to_replace(  # before any work
+            out / name, args.overwrite, "The picture", kind="file", inputs=[args.training_run]
+        )
     written: list[Path] = []
     if args.training_run:
         written.append(

@@ -41,7 +41,12 @@ def _run(argv: list[str]) -> None:
     if not args.push_only:
         if not model_args.model_name_or_path:
             parser.error("--model_name_or_path is required unless --push_only.")
-        refuse_to_replace(args.output_dir, args.overwrite, "--output_dir")  # before loading anything
+        refuse_to_replace(  # before loading anything
+            args.output_dir,
+            args.overwrite,
+            "--output_dir",
+            inputs=[model_args.model_name_or_path, *(args.results_files or [])],
+        )
         card_data_recorded_in(model_args.model_name_or_path, args)  # a training output, without --dataset
         load_results(
             args.results_files or [], model_args.model_name_or_path

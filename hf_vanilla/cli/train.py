@@ -43,7 +43,8 @@ def _run(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(_run, argv, debug_flag=False)  # --debug is TrainingArguments' own option here
+    # --debug is TrainingArguments' own option here; SaveOnSignalCallback handles SIGTERM while training
+    return run_cli(_run, argv, debug_flag=False, catch_sigterm=False)
 
 
 if __name__ == "__main__":

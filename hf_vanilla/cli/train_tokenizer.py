@@ -23,7 +23,9 @@ logger = logging.getLogger("train_tokenizer")
 
 def _run(argv: list[str]) -> None:
     _, (data_args, tok_args) = parse_arguments(argv, (DataArguments, TokenizerArguments), __doc__)
-    refuse_to_replace(tok_args.output_dir, tok_args.overwrite, "--output_dir")  # before any work
+    refuse_to_replace(  # before any work
+        tok_args.output_dir, tok_args.overwrite, "--output_dir", inputs=data_args.input_paths()
+    )
     data = load_from_args(data_args)
     tokenizer = train_tokenizer_from_dataset(
         data,

@@ -22,6 +22,7 @@ from hf_vanilla.durability import refuse_to_replace
 from hf_vanilla.translate import (
     DecodingOptions,
     ModelArguments,
+    check_input_file,
     check_nbest,
     load_model_and_tokenizer,
     translate_stream,
@@ -63,7 +64,11 @@ def _run(argv: list[str]) -> None:
         argv, (ModelArguments, DecodingOptions, IOArguments), __doc__
     )
     if io.output_file != "-":
-        refuse_to_replace(io.output_file, io.overwrite, "--output_file")  # before loading anything
+        refuse_to_replace(  # before loading anything
+            io.output_file, io.overwrite, "--output_file", kind="file", inputs=[io.input_file]
+        )
+    if io.input_file != "-":
+        check_input_file(io.input_file)  # before loading anything
     check_nbest(io.nbest, decoding.num_beams)
     if io.max_length is not None and io.max_length < 1:
         raise ValueError(f"--max_length must be a positive number of tokens, got {io.max_length}.")
