@@ -156,6 +156,7 @@ def test_folder_of_an_fsdp2_sharded_model_names_and_holds_the_hf_vanilla_code(
     assert sorted(path.name for path in folder.glob("*.py")) == [
         "configuration_vanilla_transformer.py",
         "fast_paths.py",
+        "generation_vanilla_transformer.py",
         "modeling_vanilla_transformer.py",
         "pipeline_vanilla_transformer.py",
     ]
