@@ -66,6 +66,7 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.dynamic_module_utils import custom_object_save
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -73,7 +74,7 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import AttentionInterface
 from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
@@ -94,6 +95,8 @@ logger = logging.get_logger(__name__)
 #: always made (it costs nothing there); elsewhere it reads the ids back to the host, a sync per
 #: forward, so it is off unless asked for (an id out of range then fails inside the embedding).
 CHECK_TOKEN_IDS = "HF_VANILLA_CHECK_TOKEN_IDS"
+#: ... read once, when the model is imported (never inside ``forward``).
+_CHECK_TOKEN_IDS_EVERYWHERE = os.environ.get(CHECK_TOKEN_IDS) == "1"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -275,6 +278,33 @@ def eager_attention_forward(
     return output, probs
 
 
+def sdpa_or_eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Eq. (1) for ``attn_implementation="sdpa"``: transformers' SDPA kernel, except where the
+    attention weights are asked for (``output_attentions=True``; SDPA computes none) or where
+    :func:`fast_paths.attention_interface` picks the eager kernel (CPU decoding steps): then
+    :func:`eager_attention_forward`, which computes the same attention and returns its weights."""
+    if kwargs.get("output_attentions"):
+        kernel: Callable = eager_attention_forward
+    else:
+        kernel = fast_attention_interface(
+            sdpa_attention_forward, eager_attention_forward, module, query, attention_mask
+        )
+    return kernel(module, query, key, value, attention_mask, **kwargs)
+
+
+#: transformers' attention functions, this model's own entry for SDPA (transformers' extension point
+#: for a model that overrides a kernel locally: its own ``AttentionInterface`` instance).
+ATTENTION_FUNCTIONS = AttentionInterface()
+ATTENTION_FUNCTIONS["sdpa"] = sdpa_or_eager_attention_forward
+
+
 class VanillaTransformerAttention(nn.Module):
     """§3.2.2 multi-head attention: MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O with
     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V); the h per-head projections are stored as one
@@ -312,9 +342,11 @@ class VanillaTransformerAttention(nn.Module):
         key_value_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         cache: EncoderDecoderCache | None = None,
-        output_attentions: bool = False,
+        **kwargs: object,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states (B, T, D) → (B, T, D); key_value_states (B, S, D) for cross-attention.
+        """hidden_states (B, T, D) → (B, T, D) and the (B, H, T, K) attention weights when the kernel
+        returns them (``output_attentions=True`` in ``kwargs``); key_value_states (B, S, D) for
+        cross-attention.
 
         Cross-attention also accepts key_value_states with B / k rows when the decoder runs k hypotheses
         per sentence (beam search, see ``_expand_inputs_for_generation``): the k·T queries of one
@@ -343,18 +375,9 @@ class VanillaTransformerAttention(nn.Module):
         groups = batch // key.shape[0]  # hypotheses per sentence; 1 except in grouped cross-attention
         query = query.view(batch // groups, groups * length, self.num_heads, self.head_dim).transpose(1, 2)
 
-        if output_attentions:  # only the eager kernel materialises the probabilities
-            attention_interface: Callable = eager_attention_forward
-        else:
-            attention_interface = fast_attention_interface(
-                ALL_ATTENTION_FUNCTIONS.get_interface(
-                    self.config._attn_implementation, eager_attention_forward
-                ),
-                eager_attention_forward,
-                self,
-                query,
-                attention_mask,
-            )
+        attention_interface: Callable = ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
         if attention_mask is not None and attention_mask.device != query.device:  # model parallelism
             attention_mask = attention_mask.to(query.device)
         output, weights = attention_interface(
@@ -365,11 +388,12 @@ class VanillaTransformerAttention(nn.Module):
             attention_mask,
             dropout=self.dropout if self.training else 0.0,
             scaling=self.scaling,
+            **kwargs,
         )
         output = output.reshape(batch, length, -1)  # Concat(head_1, …, head_h): (B, T, D)
-        if output_attentions and groups > 1:  # (B/k, H, k·T, K) → (B, H, T, K)
+        if weights is not None and groups > 1:  # (B/k, H, k·T, K) → (B, H, T, K)
             weights = weights.unflatten(2, (groups, length)).transpose(1, 2).flatten(0, 1)
-        return fast_linear(self.out_proj, output), (weights if output_attentions else None)
+        return fast_linear(self.out_proj, output), weights
 
 
 # --------------------------------------------------------------------------------------------------
@@ -415,17 +439,15 @@ class VanillaTransformerEncoderLayer(_PostLNSublayers):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, S, D) → (B, S, D)."""
-        attended, weights = self.self_attn(
-            hidden_states, attention_mask=attention_mask, output_attentions=output_attentions
-        )
+        **kwargs: object,
+    ) -> tuple[torch.Tensor]:
+        """(B, S, D) → (B, S, D), in a tuple as transformers' layers return it."""
+        attended, _ = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
         hidden_states = self._add_and_norm(hidden_states, attended, self.self_attn_layer_norm)
         hidden_states = self._add_and_norm(
             hidden_states, self._ff_block(hidden_states), self.final_layer_norm
         )
-        return hidden_states, weights
+        return (hidden_states,)
 
 
 class VanillaTransformerDecoderLayer(_PostLNSublayers):
@@ -453,25 +475,23 @@ class VanillaTransformerDecoderLayer(_PostLNSublayers):
         attention_mask: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         cache: EncoderDecoderCache | None = None,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(B, T, D) and encoder output (B, S, D) → (B, T, D)."""
-        attended, self_weights = self.self_attn(
-            hidden_states, attention_mask=attention_mask, cache=cache, output_attentions=output_attentions
-        )
+        **kwargs: object,
+    ) -> tuple[torch.Tensor]:
+        """(B, T, D) and encoder output (B, S, D) → (B, T, D), in a tuple."""
+        attended, _ = self.self_attn(hidden_states, attention_mask=attention_mask, cache=cache, **kwargs)
         hidden_states = self._add_and_norm(hidden_states, attended, self.self_attn_layer_norm)
-        attended, cross_weights = self.encoder_attn(
+        attended, _ = self.encoder_attn(
             hidden_states,
             key_value_states=encoder_hidden_states,
             attention_mask=encoder_attention_mask,
             cache=cache,
-            output_attentions=output_attentions,
+            **kwargs,
         )
         hidden_states = self._add_and_norm(hidden_states, attended, self.encoder_attn_layer_norm)
         hidden_states = self._add_and_norm(
             hidden_states, self._ff_block(hidden_states), self.final_layer_norm
         )
-        return hidden_states, self_weights, cross_weights
+        return (hidden_states,)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -600,14 +620,12 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
 def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> None:
     """Raise a clear error for ids outside [0, V) instead of an index error deep inside torch: on
     the CPU always (outside compilation and transforms), elsewhere only with
-    ``HF_VANILLA_CHECK_TOKEN_IDS=1`` (it needs a host sync)."""
+    ``HF_VANILLA_CHECK_TOKEN_IDS=1`` at import (it needs a host sync)."""
     if input_ids.numel() == 0:
         raise ValueError(
             f"`{name}` is empty (shape {tuple(input_ids.shape)}): give at least one row of at least one token."
         )
-    if not (
-        _readable(input_ids) or (os.environ.get(CHECK_TOKEN_IDS) == "1" and not torch.compiler.is_compiling())
-    ):
+    if not (_readable(input_ids) or (_CHECK_TOKEN_IDS_EVERYWHERE and not torch.compiler.is_compiling())):
         return
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= vocab_size:
@@ -662,7 +680,6 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
         **kwargs: object,
     ) -> BaseModelOutput:
         """input_ids (B, S) → last_hidden_state (B, S, D); ``hidden_states[0]`` is the embedding output."""
@@ -679,9 +696,9 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         mask = build_attention_mask(
             attention_mask, hidden_states.shape[1], hidden_states.shape[1], causal=False
         )
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        kwargs.setdefault("output_attentions", self.config.output_attentions)  # read by the kernel
         for layer in self.layers:
-            hidden_states, _ = layer(hidden_states, mask, output_attentions=bool(output_attentions))
+            (hidden_states,) = layer(hidden_states, mask, **kwargs)
         return BaseModelOutput(last_hidden_state=hidden_states)
 
 
@@ -719,7 +736,6 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
         **kwargs: object,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """input_ids (B, T) and encoder output (B, S, D) → last_hidden_state (B, T, D)."""
@@ -745,7 +761,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         )
         hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
 
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        kwargs.setdefault("output_attentions", self.config.output_attentions)  # read by the kernel
         key_length = (
             cache.self_attention_cache.get_mask_sizes(length, 0)[0] if cache is not None else length
         )  # P + T, or a static cache's capacity
@@ -755,7 +771,8 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
             key_length,
             causal=True,
             past_length=past_length,
-            materialize_causal=bool(output_attentions) or self.config._attn_implementation != "sdpa",
+            materialize_causal=bool(kwargs["output_attentions"])
+            or self.config._attn_implementation != "sdpa",
             device=hidden_states.device,
         )
         groups = hidden_states.shape[0] // encoder_hidden_states.shape[0]
@@ -775,13 +792,13 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         )
 
         for layer in self.layers:
-            hidden_states, _, _ = layer(
+            (hidden_states,) = layer(
                 hidden_states,
                 encoder_hidden_states,
                 attention_mask=self_mask,
                 encoder_attention_mask=cross_mask,
                 cache=cache,
-                output_attentions=bool(output_attentions),
+                **kwargs,
             )
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states, cache=cache if use_cache else None
