@@ -14,7 +14,7 @@ import math
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
-from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
 
 from .fast_paths import reorder_self_attention_cache
 
@@ -81,6 +81,22 @@ class _SourceLengthBound(LogitsProcessor):
         bounded = scores.masked_fill(done[:, None], -math.inf)  # (rows, V)
         bounded[:, self.eos_token_id] = torch.where(done, eos_scores, scores[:, self.eos_token_id])
         return bounded
+
+
+def _one_row_per_hypothesis(cache: EncoderDecoderCache) -> None:
+    """Give the cross-attention entries of a cache that ``generate()`` returns one row per hypothesis,
+    as every transformers model returns them: during the search they hold one row per sentence,
+    shared by its hypotheses (see ``_expand_inputs_for_generation``); the returned cache is what
+    users and tools read, and a later call continues from it unchanged."""
+    self_layers, cross_layers = cache.self_attention_cache.layers, cache.cross_attention_cache.layers
+    if not (self_layers and cross_layers and self_layers[0].is_initialized):
+        return
+    rows = self_layers[0].keys.shape[0]  # sentences × hypotheses
+    for layer in cross_layers:
+        if type(layer) is DynamicLayer and layer.is_initialized and rows != layer.keys.shape[0]:
+            hypotheses = rows // layer.keys.shape[0]
+            layer.keys = layer.keys.repeat_interleave(hypotheses, dim=0)
+            layer.values = layer.values.repeat_interleave(hypotheses, dim=0)
 
 
 class VanillaTransformerGenerationMixin(GenerationMixin):
@@ -196,6 +212,10 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
                     kwargs["max_length"] = max_length
             bound = _SourceLengthBound(source_lengths, start_length, self.config.eos_token_id, offset)
             logits_processor = LogitsProcessorList([*(logits_processor or []), bound])
-        return super().generate(
+        output = super().generate(
             inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
         )
+        cache = getattr(output, "past_key_values", None)
+        if isinstance(cache, EncoderDecoderCache):
+            _one_row_per_hypothesis(cache)
+        return output
