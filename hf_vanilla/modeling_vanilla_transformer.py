@@ -1,13 +1,16 @@
 """The original Transformer: Vaswani et al. (2017), "Attention Is All You Need", arXiv:1706.03762.
 
-The file follows the paper: decoder inputs from targets and §3.5 positional encoding, the masks,
-§3.2.1 Eq. (1) attention, §3.2.2 multi-head attention, §3.3 Eq. (2) feed-forward network, §3.1
+The file follows the paper: decoder inputs from targets and §3.5 positional encoding, §3.2.1 Eq. (1)
+attention, §3.2.2 multi-head attention, the §3.2.3 masks, §3.3 Eq. (2) feed-forward network, §3.1
 encoder and decoder layers and stacks with §3.4 embeddings, the model, the pre-softmax projection,
-and at the end the §5.4 loss and §6.1 decoding. It imports only torch, transformers and the
-package's own flat sibling modules (the config and :mod:`fast_paths`), so a folder saved after
+and at the end the §5.4 loss. §6.1 decoding (beam search, the source + 50 length bound) is in the
+sibling :mod:`generation_vanilla_transformer`. It imports only torch, transformers and the package's
+own flat sibling modules (the config, :mod:`fast_paths` and the generation file), so a folder saved after
 ``register_for_auto_class`` loads with ``trust_remote_code=True`` where hf_vanilla is not installed.
 
-CPU speed-ups are not here: the layers call :mod:`fast_paths` (``fast_linear(self.q_proj, x)`` where
+CPU speed-ups are not here: attention reaches its kernel through transformers' attention interface
+(this file's ``ATTENTION_FUNCTIONS``, whose SDPA entry may pick the eager kernel for CPU decoding
+steps), and the layers call :mod:`fast_paths` (``fast_linear(self.q_proj, x)`` where
 a stock model writes ``self.q_proj(x)``, ``fast_dropout(x, p, training)`` for ``F.dropout``, …),
 whose every function computes what its stock fallback computes and takes the fallback wherever it
 was not measured or would be visible (GPUs, autocast, compile, TorchScript, ``torch.func``,
@@ -174,80 +177,6 @@ class VanillaTransformerPositionalEncoding(nn.Module):
         return sinusoidal_position_encoding(positions, self.d_model, dtype, self.layout, self.timescales)
 
 
-def _readable(tensor: torch.Tensor) -> bool:
-    """Whether the values of ``tensor`` can be read on the host for free: a CPU tensor outside
-    ``torch.compile``, TorchScript tracing and ``torch.func`` transforms. Checks that read values
-    (is there padding? are the ids in the vocabulary?) run only then, so that no other path has a
-    host sync or data-dependent control flow."""
-    return (
-        tensor.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
-        and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# Masks: the one place where they are built (see the module docstring for their polarity)
-# --------------------------------------------------------------------------------------------------
-def build_attention_mask(
-    padding_mask: torch.Tensor | None,
-    query_length: int,
-    key_length: int,
-    causal: bool,
-    past_length: int | torch.Tensor = 0,
-    materialize_causal: bool = False,
-    device: torch.device | None = None,
-) -> torch.Tensor | None:
-    """Build the boolean attention mask, ``True`` = may attend, broadcastable to (B, H, T, K), on
-    ``device`` (the inputs' device; once per forward, shared by every layer).
-
-    Args:
-        padding_mask: (B, K') HF mask, 1 = real key, 0 = padding key, K' ≤ K (keys past K' are
-            positions of a static cache not yet written, masked by causality); ``None`` = no padding;
-            or a prepared (B, 1, T, K) mask, used as it is.
-        query_length: T, the number of queries in this call.
-        key_length: K, the number of keys: P + T for decoder self-attention with a growing cache,
-            the cache's capacity with a static one, S otherwise.
-        causal: query t (at absolute position P + t) may attend only to keys at positions ≤ P + t
-            (§3.2.3: "masking out ... all values ... which correspond to illegal connections").
-        past_length: P, the number of cached decoder positions (a 0-d tensor for a static cache).
-        materialize_causal: build the causal part as a tensor even where SDPA's ``is_causal`` could
-            do it (needed by the eager kernel).
-
-    Returns ``None`` when nothing needs masking: no padding and either no causality, or causality
-    that needs no mask (a single query over exactly its past) or that SDPA applies itself (T == K).
-    A query row with no key left to attend to (a fully padded sentence) is unmasked entirely, so
-    that softmax stays finite. Whether a padding mask has any padding is checked only where that is
-    a free read (:func:`_readable`); elsewhere (GPUs, compilation) the mask is always built.
-    """
-    if padding_mask is not None and padding_mask.dim() == 4:
-        # Already a (B, 1, T, K) mask, causality included (``generate()`` builds one for a static
-        # cache): boolean True = attend, or additive (0 = attend, a large negative = masked).
-        mask = padding_mask if padding_mask.dtype == torch.bool else padding_mask == 0
-        return mask | ~mask.any(dim=-1, keepdim=True)
-    if padding_mask is not None and _readable(padding_mask) and bool(padding_mask.all()):
-        padding_mask = None
-    exact_keys = isinstance(past_length, int) and key_length == past_length + query_length
-    if padding_mask is None and (
-        not causal or (exact_keys and (query_length == 1 or (past_length == 0 and not materialize_causal)))
-    ):
-        return None
-    device = padding_mask.device if padding_mask is not None else device
-    mask = None
-    if padding_mask is not None:
-        if padding_mask.shape[-1] < key_length:  # a static cache's unwritten positions
-            padding_mask = F.pad(padding_mask, (0, key_length - padding_mask.shape[-1]), value=1)
-        mask = padding_mask[:, None, None, :].to(torch.bool)  # (B, 1, 1, K)
-    if causal:
-        q_pos = torch.arange(query_length, device=device) + past_length
-        k_pos = torch.arange(key_length, device=device)
-        causal_mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, K)
-        mask = causal_mask if mask is None else mask & causal_mask  # (B, 1, T, K)
-    # Rows with nothing to attend to (all keys padding) attend to everything instead.
-    return mask | ~mask.any(dim=-1, keepdim=True)
-
-
 # --------------------------------------------------------------------------------------------------
 # §3.2.1 Scaled dot-product attention, §3.2.2 multi-head attention
 # --------------------------------------------------------------------------------------------------
@@ -394,6 +323,68 @@ class VanillaTransformerAttention(nn.Module):
         if weights is not None and groups > 1:  # (B/k, H, k·T, K) → (B, H, T, K)
             weights = weights.unflatten(2, (groups, length)).transpose(1, 2).flatten(0, 1)
         return fast_linear(self.out_proj, output), weights
+
+
+# --------------------------------------------------------------------------------------------------
+# §3.2.3 Masks ("masking out ... illegal connections", and padding): the one place where they are
+# built (see the module docstring for their polarity)
+# --------------------------------------------------------------------------------------------------
+def build_attention_mask(
+    padding_mask: torch.Tensor | None,
+    query_length: int,
+    key_length: int,
+    causal: bool,
+    past_length: int | torch.Tensor = 0,
+    materialize_causal: bool = False,
+    device: torch.device | None = None,
+) -> torch.Tensor | None:
+    """Build the boolean attention mask, ``True`` = may attend, broadcastable to (B, H, T, K), on
+    ``device`` (the inputs' device; once per forward, shared by every layer).
+
+    Args:
+        padding_mask: (B, K') HF mask, 1 = real key, 0 = padding key, K' ≤ K (keys past K' are
+            positions of a static cache not yet written, masked by causality); ``None`` = no padding;
+            or a prepared (B, 1, T, K) mask, used as it is.
+        query_length: T, the number of queries in this call.
+        key_length: K, the number of keys: P + T for decoder self-attention with a growing cache,
+            the cache's capacity with a static one, S otherwise.
+        causal: query t (at absolute position P + t) may attend only to keys at positions ≤ P + t
+            (§3.2.3: "masking out ... all values ... which correspond to illegal connections").
+        past_length: P, the number of cached decoder positions (a 0-d tensor for a static cache).
+        materialize_causal: build the causal part as a tensor even where SDPA's ``is_causal`` could
+            do it (needed by the eager kernel).
+
+    Returns ``None`` when nothing needs masking: no padding and either no causality, or causality
+    that needs no mask (a single query over exactly its past) or that SDPA applies itself (T == K).
+    A query row with no key left to attend to (a fully padded sentence) is unmasked entirely, so
+    that softmax stays finite. Whether a padding mask has any padding is checked only where that is
+    a free read (:func:`_readable`); elsewhere (GPUs, compilation) the mask is always built.
+    """
+    if padding_mask is not None and padding_mask.dim() == 4:
+        # Already a (B, 1, T, K) mask, causality included (``generate()`` builds one for a static
+        # cache): boolean True = attend, or additive (0 = attend, a large negative = masked).
+        mask = padding_mask if padding_mask.dtype == torch.bool else padding_mask == 0
+        return mask | ~mask.any(dim=-1, keepdim=True)
+    if padding_mask is not None and _readable(padding_mask) and bool(padding_mask.all()):
+        padding_mask = None
+    exact_keys = isinstance(past_length, int) and key_length == past_length + query_length
+    if padding_mask is None and (
+        not causal or (exact_keys and (query_length == 1 or (past_length == 0 and not materialize_causal)))
+    ):
+        return None
+    device = padding_mask.device if padding_mask is not None else device
+    mask = None
+    if padding_mask is not None:
+        if padding_mask.shape[-1] < key_length:  # a static cache's unwritten positions
+            padding_mask = F.pad(padding_mask, (0, key_length - padding_mask.shape[-1]), value=1)
+        mask = padding_mask[:, None, None, :].to(torch.bool)  # (B, 1, 1, K)
+    if causal:
+        q_pos = torch.arange(query_length, device=device) + past_length
+        k_pos = torch.arange(key_length, device=device)
+        causal_mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, K)
+        mask = causal_mask if mask is None else mask & causal_mask  # (B, 1, T, K)
+    # Rows with nothing to attend to (all keys padding) attend to everything instead.
+    return mask | ~mask.any(dim=-1, keepdim=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -617,6 +608,19 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
 # --------------------------------------------------------------------------------------------------
 # §3.1 The encoder and decoder stacks, §3.4 embeddings
 # --------------------------------------------------------------------------------------------------
+def _readable(tensor: torch.Tensor) -> bool:
+    """Whether the values of ``tensor`` can be read on the host for free: a CPU tensor outside
+    ``torch.compile``, TorchScript tracing and ``torch.func`` transforms. Checks that read values
+    (is there padding? are the ids in the vocabulary?) run only then, so that no other path has a
+    host sync or data-dependent control flow."""
+    return (
+        tensor.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+        and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
+    )
+
+
 def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> None:
     """Raise a clear error for ids outside [0, V) instead of an index error deep inside torch: on
     the CPU always (outside compilation and transforms), elsewhere only with
