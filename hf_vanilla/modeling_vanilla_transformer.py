@@ -1117,14 +1117,13 @@ class VanillaTransformerForConditionalGeneration(
             labels = labels.to(hidden_states.device)
             fused = fast_linear_cross_entropy(
                 self.lm_head,
-                hidden_states.reshape(-1, hidden_states.shape[-1]),
+                hidden_states,
                 None if bias is None else bias.view(-1),
-                labels.reshape(-1),
+                labels,
                 self.config.label_smoothing,
             )
             if fused is not None:
-                total, logits = fused
-                logits = logits.view(*hidden_states.shape[:-1], -1)  # (B, T, V)
+                total, logits = fused  # logits (B, T, V)
         if total is None:
             logits = fast_linear(self.lm_head, hidden_states)  # (B, T, V): §3.4 the pre-softmax projection
             if bias is not None:

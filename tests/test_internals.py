@@ -55,6 +55,7 @@ CHECKS = {
         isinstance(getattr(torch.nn.Linear(1, 1), name, None), dict)
         for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
     ),
+    "torch._C._will_engine_execute_node": lambda: _has(torch._C, "_will_engine_execute_node"),
     "ALL_ATTENTION_FUNCTIONS['sdpa'] is sdpa_attention_forward": lambda: (
         ALL_ATTENTION_FUNCTIONS.get_interface("sdpa", None) is sdpa_attention_forward
     ),

@@ -304,6 +304,25 @@ def check_compile(side: Side) -> object:
         torch._dynamo.reset()
 
 
+def check_loss_is_a_function_of_the_logits(side: Side) -> object:
+    """``torch.autograd.grad(out.loss, out.logits)`` in training and in eval with gradients: a
+    gradient (not None) of the logits' shape, each row summing to 0 (softmax minus a distribution),
+    not all zero."""
+    model, batch = side.model(), inputs()
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    seen = {}
+    for mode in ("train", "eval"):
+        model.train(mode == "train")
+        out = model(**batch, labels=labels)
+        (grad,) = torch.autograd.grad(out.loss, out.logits, allow_unused=True)
+        seen[mode] = grad is not None and (
+            grad.shape == out.logits.shape,
+            bool(torch.allclose(grad.sum(dim=-1), torch.zeros(()), atol=1e-6)),
+            bool(grad.abs().sum() > 0),
+        )
+    return seen
+
+
 CHECKS: list[Callable[[Side], object]] = [
     check_text_configs,
     check_loading_reports,
@@ -316,6 +335,7 @@ CHECKS: list[Callable[[Side], object]] = [
     check_continue_from_cache,
     check_static_cache,
     check_compile,
+    check_loss_is_a_function_of_the_logits,
 ]
 
 #: (check, side) pairs that fail today; strict, so each is flipped when it starts to pass.
