@@ -5,8 +5,9 @@ attention, §3.2.2 multi-head attention, the §3.2.3 masks, §3.3 Eq. (2) feed-f
 encoder and decoder layers and stacks with §3.4 embeddings, the model, the pre-softmax projection,
 and at the end the §5.4 loss. §6.1 decoding (beam search, the source + 50 length bound) is in the
 sibling :mod:`generation_vanilla_transformer`. It imports only torch, transformers and the package's
-own flat sibling modules (the config, :mod:`fast_paths` and the generation file), so a folder saved after
-``register_for_auto_class`` loads with ``trust_remote_code=True`` where hf_vanilla is not installed.
+own flat sibling modules (the config, :mod:`fast_paths`, the generation file and
+:mod:`saving_vanilla_transformer`, whose ``save_pretrained`` writes the folder's ``auto_map``), so a
+folder saved after ``register_for_auto_class`` loads with ``trust_remote_code=True`` where hf_vanilla is not installed.
 
 CPU speed-ups are not here: attention reaches its kernel through transformers' attention interface
 (this file's ``ATTENTION_FUNCTIONS``, whose SDPA entry may pick the eager kernel for CPU decoding
@@ -56,10 +57,9 @@ Mask semantics (all masks are built in :func:`build_attention_mask`):
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -68,7 +68,6 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.dynamic_module_utils import custom_object_save
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -91,6 +90,7 @@ from .fast_paths import linear as fast_linear
 from .fast_paths import linear_cross_entropy as fast_linear_cross_entropy
 from .fast_paths import update_self_attention_cache
 from .generation_vanilla_transformer import VanillaTransformerGenerationMixin
+from .saving_vanilla_transformer import VanillaTransformerSavingMixin
 
 logger = logging.get_logger(__name__)
 
@@ -488,34 +488,7 @@ class VanillaTransformerDecoderLayer(_PostLNSublayers):
 # --------------------------------------------------------------------------------------------------
 # The pre-trained model base: initialisation (deviation 1) and HF capabilities
 # --------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def restored_auto_class_registration(model: PreTrainedModel, *config_keys: str) -> Iterator[None]:
-    """On leaving, put back what was there on entering: the ``_auto_class`` registration of the model's
-    and its config's classes (``register_for_auto_class`` sets it on the class) and the config's
-    ``config_keys`` entries (e.g. ``auto_map``, present or absent). The one place that restores them,
-    for :meth:`VanillaTransformerPreTrainedModel.save_pretrained` and ``hf_vanilla.hub``."""
-    config = model.config
-    classes = [
-        (cls, "_auto_class" in cls.__dict__, cls.__dict__.get("_auto_class"))
-        for cls in (type(model), type(config))
-    ]
-    entries = [(key, key in config.__dict__, config.__dict__.get(key)) for key in config_keys]
-    try:
-        yield
-    finally:
-        for cls, had, value in classes:
-            if had:
-                cls._auto_class = value
-            elif "_auto_class" in cls.__dict__:
-                del cls._auto_class
-        for key, had, value in entries:
-            if had:
-                setattr(config, key, value)
-            else:
-                config.__dict__.pop(key, None)
-
-
-class VanillaTransformerPreTrainedModel(PreTrainedModel):
+class VanillaTransformerPreTrainedModel(VanillaTransformerSavingMixin, PreTrainedModel):
     """Weight initialisation and the capabilities declared to transformers."""
 
     config_class = VanillaTransformerConfig
@@ -528,44 +501,6 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = False
     _supports_flex_attn = False
     _can_compile_fullgraph = True  # a static cache and torch.compile(fullgraph=True) decoding
-
-    def save_pretrained(self, save_directory: str | os.PathLike, *args: object, **kwargs: object) -> None:
-        """``PreTrainedModel.save_pretrained``; after ``register_for_auto_class`` the saved
-        ``auto_map`` names the config and *both* model classes (AutoConfig, AutoModel,
-        AutoModelForSeq2SeqLM), which live in this one self-contained file, and the folder holds this
-        file and its relative imports. The in-memory config is left as it was.
-
-        Under FSDP2 the folder still holds this file: ``fully_shard`` swaps the model's class for
-        ``FSDP<Name>``, a subclass created in torch's ``_fsdp_init``, whose file transformers
-        (``custom_object_save``) would copy and name instead; this file is then added after the save.
-        A user's own subclass is saved the way transformers saves any registered class (its file).
-        """
-        own = type(self)
-        if own.__module__.startswith("torch.distributed.fsdp"):  # FSDP2's class: the one it wraps
-            own = next(cls for cls in own.__mro__ if not cls.__module__.startswith("torch.distributed.fsdp"))
-        if self._auto_class is None or own.__module__ != __name__:
-            return super().save_pretrained(save_directory, *args, **kwargs)
-        module = __name__.rsplit(".", 1)[-1]
-        with restored_auto_class_registration(self, "auto_map"):
-            self.config.register_for_auto_class()  # AutoConfig; a class attribute
-            self.config.auto_map = {
-                **(self.config.__dict__.get("auto_map") or {}),
-                "AutoModel": f"{module}.VanillaTransformerModel",
-                "AutoModelForSeq2SeqLM": f"{module}.VanillaTransformerForConditionalGeneration",
-                self._auto_class: f"{module}.{own.__name__}",
-            }
-            if own is type(self):  # transformers copies this file (and uploads it with push_to_hub)
-                return super().save_pretrained(save_directory, *args, **kwargs)
-            if kwargs.get("push_to_hub"):
-                raise ValueError(
-                    "save_pretrained(push_to_hub=True) of an FSDP2-sharded model would upload the folder before "
-                    "its code file is added: save it, then push the folder (hf upload REPO FOLDER .)."
-                )
-            type(self)._auto_class = None  # not torch's _fsdp_init.py: this file is added below
-            super().save_pretrained(save_directory, *args, **kwargs)
-            is_main_process = args[0] if args else kwargs.get("is_main_process", True)
-            if self.should_save_on_this_rank(bool(is_main_process)):
-                custom_object_save(own, save_directory)
 
     def _init_weights(self, module: nn.Module) -> None:
         """Deviation 1: N(0, d_model^-0.5) embeddings (and untied output projection), Xavier-uniform

@@ -108,6 +108,7 @@ HUB_FOLDER_FILES = {
     "configuration_vanilla_transformer.py",
     "fast_paths.py",
     "generation_vanilla_transformer.py",
+    "saving_vanilla_transformer.py",
     "pipeline_vanilla_transformer.py",
     "tokenizer.json",
     "tokenizer_config.json",
