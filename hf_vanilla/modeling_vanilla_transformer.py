@@ -880,7 +880,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 
 
 # --------------------------------------------------------------------------------------------------
-# §3.4 The pre-softmax projection; §5.4 the loss; §6.1 decoding
+# §3.4 The pre-softmax projection; §5.4 the loss (§6.1 decoding: generation_vanilla_transformer.py)
 # --------------------------------------------------------------------------------------------------
 def smoothed_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> torch.Tensor:
     """§5.4 label-smoothed cross-entropy, summed over the target tokens whose label is not -100:
