@@ -43,6 +43,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 from torch.nn import functional as F
 from torch.nn.modules import module as _module
 from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -445,6 +446,43 @@ class _LinearSmoothedCrossEntropySum(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None
 
 
+class _LossOfLogits(torch.autograd.Function):
+    """0, added to the loss of :class:`_LinearSmoothedCrossEntropySum` so that the loss is a function
+    of the logits it returns (transformers' contract: ``torch.autograd.grad(loss, logits)``).
+
+    Its backward gives ∂loss/∂z (an (N, V) tensor) only where the backward pass stops at the logits
+    (``torch.autograd.grad(loss, logits)``). Where it goes on to the projection's inputs
+    (``loss.backward()``), the fused node computes that gradient a block at a time and this one
+    passes nothing, so no (N, V) gradient is made: which of the two, the autograd engine says
+    (``_will_engine_execute_node`` of the inputs' gradient nodes, as ``torch.utils.checkpoint`` asks).
+    """
+
+    @staticmethod
+    def forward(
+        logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor, smoothing: float, upstream: tuple
+    ) -> torch.Tensor:
+        return logits.new_zeros(())
+
+    @staticmethod
+    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: torch.Tensor) -> None:
+        logits, lse, labels, smoothing, upstream = inputs
+        valid = labels != -100
+        ctx.save_for_backward(logits, lse, labels.masked_fill(~valid, 0), valid)
+        ctx.smoothing, ctx.upstream = smoothing, upstream
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor | None, None, None, None, None]:
+        if any(torch._C._will_engine_execute_node(node) for node in ctx.upstream):
+            return None, None, None, None, None
+        logits, lse, target, valid = ctx.saved_tensors
+        flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
+        row_scale = (grad * valid)[:, None]  # (N, 1)
+        gradient = _loss_gradient(torch.empty_like(flat), flat, lse, target, row_scale, ctx.smoothing, 0)
+        return gradient.view(logits.shape), None, None, None, None
+
+
 def linear_cross_entropy(
     lm_head: nn.Module,
     hidden_states: torch.Tensor,
@@ -452,9 +490,10 @@ def linear_cross_entropy(
     labels: torch.Tensor,
     smoothing: float,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The summed label-smoothed loss and the (N, V) logits of hidden states (N, D) through a
-    bias-free stock ``lm_head`` (plus ``bias``, if any) in one autograd node, in fp32 CPU training;
-    ``None`` where that does not apply (then the caller runs ``lm_head`` and ``F.cross_entropy``)."""
+    """The summed label-smoothed loss and the (…, V) logits of hidden states (…, D) with labels (…)
+    through a bias-free stock ``lm_head`` (plus ``bias``, if any) in one autograd node, in fp32 CPU
+    training; ``None`` where that does not apply (then the caller runs ``lm_head`` and
+    ``F.cross_entropy``). The loss is a function of the returned logits (:class:`_LossOfLogits`)."""
     weight = getattr(lm_head, "weight", None)
     if not (
         enabled()
@@ -465,5 +504,15 @@ def linear_cross_entropy(
         and not _transformed(hidden_states)
     ):
         return None
-    total, logits, _ = _LinearSmoothedCrossEntropySum.apply(hidden_states, weight, bias, labels, smoothing)
+    shape = (*hidden_states.shape[:-1], weight.shape[0])  # (…, V)
+    rows, labels = hidden_states.reshape(-1, hidden_states.shape[-1]), labels.reshape(-1)  # (N, D), (N,)
+    total, logits, lse = _LinearSmoothedCrossEntropySum.apply(rows, weight, bias, labels, smoothing)
+    logits = logits.view(shape)
+    upstream = tuple(
+        get_gradient_edge(tensor).node
+        for tensor in (hidden_states, weight, bias)
+        if tensor is not None and tensor.requires_grad
+    )
+    if upstream:
+        total = total + _LossOfLogits.apply(logits, lse, labels, smoothing, upstream)
     return total, logits

@@ -4,8 +4,9 @@
 
 * ``model.safetensors``, ``config.json`` and ``generation_config.json`` (the paper's §6.1 decoding:
   beam 4, α = 0.6; the input length + 50 bound is the model's ``generate()`` default);
-* the modeling code, copied by ``register_for_auto_class`` (``modeling_vanilla_transformer.py`` and
-  ``configuration_vanilla_transformer.py``), with an ``auto_map`` for ``AutoConfig``, ``AutoModel`` and
+* the modeling code, copied by ``register_for_auto_class`` (``modeling_vanilla_transformer.py``,
+  ``configuration_vanilla_transformer.py`` and their relative imports ``fast_paths.py``,
+  ``generation_vanilla_transformer.py`` and ``saving_vanilla_transformer.py``), with an ``auto_map`` for ``AutoConfig``, ``AutoModel`` and
   ``AutoModelForSeq2SeqLM`` so ``from_pretrained(..., trust_remote_code=True)`` works where hf_vanilla
   is not installed (transformers alone maps only the saved class and ``AutoConfig``; the model's
   ``save_pretrained`` adds ``AutoModel``, and the folder is checked for all three);
@@ -42,11 +43,11 @@ from hf_vanilla.durability import atomic_directory, refuse_to_replace
 from hf_vanilla.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
-    restored_auto_class_registration,
 )
 from hf_vanilla.pipeline_vanilla_transformer import TASK as PIPELINE_TASK
 from hf_vanilla.pipeline_vanilla_transformer import VanillaTranslationPipeline
 from hf_vanilla.safe_loading import PICKLE_SUFFIXES, weights_fingerprint
+from hf_vanilla.saving_vanilla_transformer import restored_auto_class_registration
 from hf_vanilla.translate import EARLY_STOPPING
 
 logger = logging.getLogger(__name__)
@@ -266,8 +267,8 @@ CUSTOM_PIPELINES = {
 @contextlib.contextmanager
 def registered_for_remote_code(model: Any) -> Iterator[None]:
     """While inside, ``model.save_pretrained`` writes the modeling code (and its relative imports,
-    ``fast_paths.py``), an ``auto_map`` for ``AutoConfig``, ``AutoModel`` and ``AutoModelForSeq2SeqLM``,
-    and the pipeline entry. The classes' registration and the config are restored afterwards."""
+    ``fast_paths.py``, ``generation_vanilla_transformer.py``, ``saving_vanilla_transformer.py``), an ``auto_map`` for ``AutoConfig``,
+    ``AutoModel`` and ``AutoModelForSeq2SeqLM``, and the pipeline entry. The classes' registration and the config are restored afterwards."""
     with restored_auto_class_registration(model, "auto_map", "custom_pipelines"):
         # The model's save_pretrained maps AutoConfig, AutoModel and AutoModelForSeq2SeqLM once registered
         # (transformers alone would map only the saved class and AutoConfig); _check_folder verifies it.

@@ -1,13 +1,17 @@
 """The original Transformer: Vaswani et al. (2017), "Attention Is All You Need", arXiv:1706.03762.
 
-The file follows the paper: decoder inputs from targets and §3.5 positional encoding, the masks,
-§3.2.1 Eq. (1) attention, §3.2.2 multi-head attention, §3.3 Eq. (2) feed-forward network, §3.1
+The file follows the paper: decoder inputs from targets and §3.5 positional encoding, §3.2.1 Eq. (1)
+attention, §3.2.2 multi-head attention, the §3.2.3 masks, §3.3 Eq. (2) feed-forward network, §3.1
 encoder and decoder layers and stacks with §3.4 embeddings, the model, the pre-softmax projection,
-and at the end the §5.4 loss and §6.1 decoding. It imports only torch, transformers and the
-package's own flat sibling modules (the config and :mod:`fast_paths`), so a folder saved after
-``register_for_auto_class`` loads with ``trust_remote_code=True`` where hf_vanilla is not installed.
+and at the end the §5.4 loss. §6.1 decoding (beam search, the source + 50 length bound) is in the
+sibling :mod:`generation_vanilla_transformer`. It imports only torch, transformers and the package's
+own flat sibling modules (the config, :mod:`fast_paths`, the generation file and
+:mod:`saving_vanilla_transformer`, whose ``save_pretrained`` writes the folder's ``auto_map``), so a
+folder saved after ``register_for_auto_class`` loads with ``trust_remote_code=True`` where hf_vanilla is not installed.
 
-CPU speed-ups are not here: the layers call :mod:`fast_paths` (``fast_linear(self.q_proj, x)`` where
+CPU speed-ups are not here: attention reaches its kernel through transformers' attention interface
+(this file's ``ATTENTION_FUNCTIONS``, whose SDPA entry may pick the eager kernel for CPU decoding
+steps), and the layers call :mod:`fast_paths` (``fast_linear(self.q_proj, x)`` where
 a stock model writes ``self.q_proj(x)``, ``fast_dropout(x, p, training)`` for ``F.dropout``, …),
 whose every function computes what its stock fallback computes and takes the fallback wherever it
 was not measured or would be visible (GPUs, autocast, compile, TorchScript, ``torch.func``,
@@ -53,26 +57,18 @@ Mask semantics (all masks are built in :func:`build_attention_mask`):
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import (
-    GenerationConfig,
-    GenerationMixin,
-    LogitsProcessor,
-    LogitsProcessorList,
-    PreTrainedModel,
-)
+from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.dynamic_module_utils import custom_object_save
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -80,7 +76,7 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import AttentionInterface
 from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
@@ -92,17 +88,18 @@ from .fast_paths import attention_interface as fast_attention_interface
 from .fast_paths import dropout as fast_dropout
 from .fast_paths import linear as fast_linear
 from .fast_paths import linear_cross_entropy as fast_linear_cross_entropy
-from .fast_paths import reorder_self_attention_cache, update_self_attention_cache
+from .fast_paths import update_self_attention_cache
+from .generation_vanilla_transformer import VanillaTransformerGenerationMixin
+from .saving_vanilla_transformer import VanillaTransformerSavingMixin
 
 logger = logging.get_logger(__name__)
-
-#: §6.1: "We set the maximum output length during inference to input length + 50".
-MAX_LENGTH_OFFSET = 50
 
 #: Set to ``1`` to check token ids against the vocabulary on every device. On the CPU the check is
 #: always made (it costs nothing there); elsewhere it reads the ids back to the host, a sync per
 #: forward, so it is off unless asked for (an id out of range then fails inside the embedding).
 CHECK_TOKEN_IDS = "HF_VANILLA_CHECK_TOKEN_IDS"
+#: ... read once, when the model is imported (never inside ``forward``).
+_CHECK_TOKEN_IDS_EVERYWHERE = os.environ.get(CHECK_TOKEN_IDS) == "1"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -180,21 +177,157 @@ class VanillaTransformerPositionalEncoding(nn.Module):
         return sinusoidal_position_encoding(positions, self.d_model, dtype, self.layout, self.timescales)
 
 
-def _readable(tensor: torch.Tensor) -> bool:
-    """Whether the values of ``tensor`` can be read on the host for free: a CPU tensor outside
-    ``torch.compile``, TorchScript tracing and ``torch.func`` transforms. Checks that read values
-    (is there padding? are the ids in the vocabulary?) run only then, so that no other path has a
-    host sync or data-dependent control flow."""
-    return (
-        tensor.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
-        and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
-    )
+# --------------------------------------------------------------------------------------------------
+# §3.2.1 Scaled dot-product attention, §3.2.2 multi-head attention
+# --------------------------------------------------------------------------------------------------
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """§3.2.1 Eq. (1): Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V.
+
+    Args:
+        query: (B, H, T, Dh); key, value: (B, H, K, Dh); attention_mask: boolean, True = attend,
+            None = attend to every key (the decoder always gives this kernel its causal mask).
+    Returns:
+        (B, T, H, Dh) output and (B, H, T, K) attention probabilities.
+    """
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, T, K)
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = F.dropout(probs, p=dropout, training=module.training)
+    output = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, H, Dh)
+    return output, probs
+
+
+def sdpa_or_eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Eq. (1) for ``attn_implementation="sdpa"``: transformers' SDPA kernel, except where the
+    attention weights are asked for (``output_attentions=True``; SDPA computes none) or where
+    :func:`fast_paths.attention_interface` picks the eager kernel (CPU decoding steps): then
+    :func:`eager_attention_forward`, which computes the same attention and returns its weights."""
+    if kwargs.get("output_attentions"):
+        kernel: Callable = eager_attention_forward
+    else:
+        kernel = fast_attention_interface(
+            sdpa_attention_forward, eager_attention_forward, module, query, attention_mask
+        )
+    return kernel(module, query, key, value, attention_mask, **kwargs)
+
+
+#: transformers' attention functions, this model's own entry for SDPA (transformers' extension point
+#: for a model that overrides a kernel locally: its own ``AttentionInterface`` instance).
+ATTENTION_FUNCTIONS = AttentionInterface()
+ATTENTION_FUNCTIONS["sdpa"] = sdpa_or_eager_attention_forward
+
+
+class VanillaTransformerAttention(nn.Module):
+    """§3.2.2 multi-head attention: MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O with
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V); the h per-head projections are stored as one
+    (D, D) matrix each (``q_proj``, ``k_proj``, ``v_proj``) and W^O is ``out_proj``.
+
+    Used three ways (§3.2.3): encoder self-attention, masked decoder self-attention (``is_causal``)
+    and encoder-decoder attention, where queries come from the decoder and keys and values from the
+    output of the last encoder layer (``key_value_states``), each through its own projection.
+    """
+
+    def __init__(
+        self,
+        config: VanillaTransformerConfig,
+        num_heads: int,
+        is_causal: bool = False,
+        layer_idx: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.num_heads = num_heads
+        self.head_dim = config.d_model // num_heads
+        self.scaling = self.head_dim**-0.5  # 1 / √d_k
+        self.is_causal = is_causal
+        self.layer_idx = layer_idx
+        self.dropout = config.attention_dropout
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.k_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.v_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.out_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: EncoderDecoderCache | None = None,
+        **kwargs: object,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states (B, T, D) → (B, T, D) and the (B, H, T, K) attention weights when the kernel
+        returns them (``output_attentions=True`` in ``kwargs``); key_value_states (B, S, D) for
+        cross-attention.
+
+        Cross-attention also accepts key_value_states with B / k rows when the decoder runs k hypotheses
+        per sentence (beam search, see ``_expand_inputs_for_generation``): the k·T queries of one
+        sentence attend to its keys together, so K/V are projected, cached and read once per sentence.
+        """
+        batch, length, _ = hidden_states.shape
+        is_cross = key_value_states is not None
+        query = fast_linear(self.q_proj, hidden_states)  # (B, T, D)
+
+        if is_cross and cache is not None and cache.is_updated.get(self.layer_idx):
+            # The encoder output does not change during decoding: its K/V were computed at step 1.
+            layer_cache = cache.cross_attention_cache.layers[self.layer_idx]
+            key, value = layer_cache.keys, layer_cache.values
+        else:
+            source = key_value_states if is_cross else hidden_states  # (B, K, D)
+            kv_shape = (source.shape[0], source.shape[1], self.num_heads, self.head_dim)
+            key = fast_linear(self.k_proj, source).view(kv_shape).transpose(1, 2)  # (B, H, K, Dh)
+            value = fast_linear(self.v_proj, source).view(kv_shape).transpose(1, 2)
+            if cache is not None and is_cross:
+                key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+                cache.is_updated[self.layer_idx] = True
+            elif cache is not None:
+                key, value = update_self_attention_cache(
+                    cache.self_attention_cache, key, value, self.layer_idx
+                )
+        groups = batch // key.shape[0]  # hypotheses per sentence; 1 except in grouped cross-attention
+        query = query.view(batch // groups, groups * length, self.num_heads, self.head_dim).transpose(1, 2)
+
+        attention_interface: Callable = ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        if attention_mask is not None and attention_mask.device != query.device:  # model parallelism
+            attention_mask = attention_mask.to(query.device)
+        output, weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        output = output.reshape(batch, length, -1)  # Concat(head_1, …, head_h): (B, T, D)
+        if weights is not None and groups > 1:  # (B/k, H, k·T, K) → (B, H, T, K)
+            weights = weights.unflatten(2, (groups, length)).transpose(1, 2).flatten(0, 1)
+        return fast_linear(self.out_proj, output), weights
 
 
 # --------------------------------------------------------------------------------------------------
-# Masks: the one place where they are built (see the module docstring for their polarity)
+# §3.2.3 Masks ("masking out ... illegal connections", and padding): the one place where they are
+# built (see the module docstring for their polarity)
 # --------------------------------------------------------------------------------------------------
 def build_attention_mask(
     padding_mask: torch.Tensor | None,
@@ -255,133 +388,6 @@ def build_attention_mask(
 
 
 # --------------------------------------------------------------------------------------------------
-# §3.2.1 Scaled dot-product attention, §3.2.2 multi-head attention
-# --------------------------------------------------------------------------------------------------
-def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: object,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """§3.2.1 Eq. (1): Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V.
-
-    Args:
-        query: (B, H, T, Dh); key, value: (B, H, K, Dh); attention_mask: boolean, True = attend,
-            None = attend to every key (the decoder always gives this kernel its causal mask).
-    Returns:
-        (B, T, H, Dh) output and (B, H, T, K) attention probabilities.
-    """
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, T, K)
-    if attention_mask is not None:
-        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    probs = F.dropout(probs, p=dropout, training=module.training)
-    output = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, H, Dh)
-    return output, probs
-
-
-class VanillaTransformerAttention(nn.Module):
-    """§3.2.2 multi-head attention: MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O with
-    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V); the h per-head projections are stored as one
-    (D, D) matrix each (``q_proj``, ``k_proj``, ``v_proj``) and W^O is ``out_proj``.
-
-    Used three ways (§3.2.3): encoder self-attention, masked decoder self-attention (``is_causal``)
-    and encoder-decoder attention, where queries come from the decoder and keys and values from the
-    output of the last encoder layer (``key_value_states``), each through its own projection.
-    """
-
-    def __init__(
-        self,
-        config: VanillaTransformerConfig,
-        num_heads: int,
-        is_causal: bool = False,
-        layer_idx: int | None = None,
-    ) -> None:
-        super().__init__()
-        self.config = config
-        self.num_heads = num_heads
-        self.head_dim = config.d_model // num_heads
-        self.scaling = self.head_dim**-0.5  # 1 / √d_k
-        self.is_causal = is_causal
-        self.layer_idx = layer_idx
-        self.dropout = config.attention_dropout
-        bias = config.attention_bias
-        self.q_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
-        self.k_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
-        self.v_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
-        self.out_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        key_value_states: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        cache: EncoderDecoderCache | None = None,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states (B, T, D) → (B, T, D); key_value_states (B, S, D) for cross-attention.
-
-        Cross-attention also accepts key_value_states with B / k rows when the decoder runs k hypotheses
-        per sentence (beam search, see ``_expand_inputs_for_generation``): the k·T queries of one
-        sentence attend to its keys together, so K/V are projected, cached and read once per sentence.
-        """
-        batch, length, _ = hidden_states.shape
-        is_cross = key_value_states is not None
-        query = fast_linear(self.q_proj, hidden_states)  # (B, T, D)
-
-        if is_cross and cache is not None and cache.is_updated.get(self.layer_idx):
-            # The encoder output does not change during decoding: its K/V were computed at step 1.
-            layer_cache = cache.cross_attention_cache.layers[self.layer_idx]
-            key, value = layer_cache.keys, layer_cache.values
-        else:
-            source = key_value_states if is_cross else hidden_states  # (B, K, D)
-            kv_shape = (source.shape[0], source.shape[1], self.num_heads, self.head_dim)
-            key = fast_linear(self.k_proj, source).view(kv_shape).transpose(1, 2)  # (B, H, K, Dh)
-            value = fast_linear(self.v_proj, source).view(kv_shape).transpose(1, 2)
-            if cache is not None and is_cross:
-                key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
-                cache.is_updated[self.layer_idx] = True
-            elif cache is not None:
-                key, value = update_self_attention_cache(
-                    cache.self_attention_cache, key, value, self.layer_idx
-                )
-        groups = batch // key.shape[0]  # hypotheses per sentence; 1 except in grouped cross-attention
-        query = query.view(batch // groups, groups * length, self.num_heads, self.head_dim).transpose(1, 2)
-
-        if output_attentions:  # only the eager kernel materialises the probabilities
-            attention_interface: Callable = eager_attention_forward
-        else:
-            attention_interface = fast_attention_interface(
-                ALL_ATTENTION_FUNCTIONS.get_interface(
-                    self.config._attn_implementation, eager_attention_forward
-                ),
-                eager_attention_forward,
-                self,
-                query,
-                attention_mask,
-            )
-        if attention_mask is not None and attention_mask.device != query.device:  # model parallelism
-            attention_mask = attention_mask.to(query.device)
-        output, weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.dropout if self.training else 0.0,
-            scaling=self.scaling,
-        )
-        output = output.reshape(batch, length, -1)  # Concat(head_1, …, head_h): (B, T, D)
-        if output_attentions and groups > 1:  # (B/k, H, k·T, K) → (B, H, T, K)
-            weights = weights.unflatten(2, (groups, length)).transpose(1, 2).flatten(0, 1)
-        return fast_linear(self.out_proj, output), (weights if output_attentions else None)
-
-
-# --------------------------------------------------------------------------------------------------
 # §3.3 Position-wise feed-forward network, §3.1 encoder and decoder layers
 # --------------------------------------------------------------------------------------------------
 class _PostLNSublayers(GradientCheckpointingLayer):
@@ -424,17 +430,15 @@ class VanillaTransformerEncoderLayer(_PostLNSublayers):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, S, D) → (B, S, D)."""
-        attended, weights = self.self_attn(
-            hidden_states, attention_mask=attention_mask, output_attentions=output_attentions
-        )
+        **kwargs: object,
+    ) -> tuple[torch.Tensor]:
+        """(B, S, D) → (B, S, D), in a tuple as transformers' layers return it."""
+        attended, _ = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
         hidden_states = self._add_and_norm(hidden_states, attended, self.self_attn_layer_norm)
         hidden_states = self._add_and_norm(
             hidden_states, self._ff_block(hidden_states), self.final_layer_norm
         )
-        return hidden_states, weights
+        return (hidden_states,)
 
 
 class VanillaTransformerDecoderLayer(_PostLNSublayers):
@@ -462,58 +466,29 @@ class VanillaTransformerDecoderLayer(_PostLNSublayers):
         attention_mask: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         cache: EncoderDecoderCache | None = None,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(B, T, D) and encoder output (B, S, D) → (B, T, D)."""
-        attended, self_weights = self.self_attn(
-            hidden_states, attention_mask=attention_mask, cache=cache, output_attentions=output_attentions
-        )
+        **kwargs: object,
+    ) -> tuple[torch.Tensor]:
+        """(B, T, D) and encoder output (B, S, D) → (B, T, D), in a tuple."""
+        attended, _ = self.self_attn(hidden_states, attention_mask=attention_mask, cache=cache, **kwargs)
         hidden_states = self._add_and_norm(hidden_states, attended, self.self_attn_layer_norm)
-        attended, cross_weights = self.encoder_attn(
+        attended, _ = self.encoder_attn(
             hidden_states,
             key_value_states=encoder_hidden_states,
             attention_mask=encoder_attention_mask,
             cache=cache,
-            output_attentions=output_attentions,
+            **kwargs,
         )
         hidden_states = self._add_and_norm(hidden_states, attended, self.encoder_attn_layer_norm)
         hidden_states = self._add_and_norm(
             hidden_states, self._ff_block(hidden_states), self.final_layer_norm
         )
-        return hidden_states, self_weights, cross_weights
+        return (hidden_states,)
 
 
 # --------------------------------------------------------------------------------------------------
 # The pre-trained model base: initialisation (deviation 1) and HF capabilities
 # --------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def restored_auto_class_registration(model: PreTrainedModel, *config_keys: str) -> Iterator[None]:
-    """On leaving, put back what was there on entering: the ``_auto_class`` registration of the model's
-    and its config's classes (``register_for_auto_class`` sets it on the class) and the config's
-    ``config_keys`` entries (e.g. ``auto_map``, present or absent). The one place that restores them,
-    for :meth:`VanillaTransformerPreTrainedModel.save_pretrained` and ``hf_vanilla.hub``."""
-    config = model.config
-    classes = [
-        (cls, "_auto_class" in cls.__dict__, cls.__dict__.get("_auto_class"))
-        for cls in (type(model), type(config))
-    ]
-    entries = [(key, key in config.__dict__, config.__dict__.get(key)) for key in config_keys]
-    try:
-        yield
-    finally:
-        for cls, had, value in classes:
-            if had:
-                cls._auto_class = value
-            elif "_auto_class" in cls.__dict__:
-                del cls._auto_class
-        for key, had, value in entries:
-            if had:
-                setattr(config, key, value)
-            else:
-                config.__dict__.pop(key, None)
-
-
-class VanillaTransformerPreTrainedModel(PreTrainedModel):
+class VanillaTransformerPreTrainedModel(VanillaTransformerSavingMixin, PreTrainedModel):
     """Weight initialisation and the capabilities declared to transformers."""
 
     config_class = VanillaTransformerConfig
@@ -526,44 +501,6 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = False
     _supports_flex_attn = False
     _can_compile_fullgraph = True  # a static cache and torch.compile(fullgraph=True) decoding
-
-    def save_pretrained(self, save_directory: str | os.PathLike, *args: object, **kwargs: object) -> None:
-        """``PreTrainedModel.save_pretrained``; after ``register_for_auto_class`` the saved
-        ``auto_map`` names the config and *both* model classes (AutoConfig, AutoModel,
-        AutoModelForSeq2SeqLM), which live in this one self-contained file, and the folder holds this
-        file and its relative imports. The in-memory config is left as it was.
-
-        Under FSDP2 the folder still holds this file: ``fully_shard`` swaps the model's class for
-        ``FSDP<Name>``, a subclass created in torch's ``_fsdp_init``, whose file transformers
-        (``custom_object_save``) would copy and name instead; this file is then added after the save.
-        A user's own subclass is saved the way transformers saves any registered class (its file).
-        """
-        own = type(self)
-        if own.__module__.startswith("torch.distributed.fsdp"):  # FSDP2's class: the one it wraps
-            own = next(cls for cls in own.__mro__ if not cls.__module__.startswith("torch.distributed.fsdp"))
-        if self._auto_class is None or own.__module__ != __name__:
-            return super().save_pretrained(save_directory, *args, **kwargs)
-        module = __name__.rsplit(".", 1)[-1]
-        with restored_auto_class_registration(self, "auto_map"):
-            self.config.register_for_auto_class()  # AutoConfig; a class attribute
-            self.config.auto_map = {
-                **(self.config.__dict__.get("auto_map") or {}),
-                "AutoModel": f"{module}.VanillaTransformerModel",
-                "AutoModelForSeq2SeqLM": f"{module}.VanillaTransformerForConditionalGeneration",
-                self._auto_class: f"{module}.{own.__name__}",
-            }
-            if own is type(self):  # transformers copies this file (and uploads it with push_to_hub)
-                return super().save_pretrained(save_directory, *args, **kwargs)
-            if kwargs.get("push_to_hub"):
-                raise ValueError(
-                    "save_pretrained(push_to_hub=True) of an FSDP2-sharded model would upload the folder before "
-                    "its code file is added: save it, then push the folder (hf upload REPO FOLDER .)."
-                )
-            type(self)._auto_class = None  # not torch's _fsdp_init.py: this file is added below
-            super().save_pretrained(save_directory, *args, **kwargs)
-            is_main_process = args[0] if args else kwargs.get("is_main_process", True)
-            if self.should_save_on_this_rank(bool(is_main_process)):
-                custom_object_save(own, save_directory)
 
     def _init_weights(self, module: nn.Module) -> None:
         """Deviation 1: N(0, d_model^-0.5) embeddings (and untied output projection), Xavier-uniform
@@ -606,17 +543,28 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
 # --------------------------------------------------------------------------------------------------
 # §3.1 The encoder and decoder stacks, §3.4 embeddings
 # --------------------------------------------------------------------------------------------------
+def _readable(tensor: torch.Tensor) -> bool:
+    """Whether the values of ``tensor`` can be read on the host for free: a CPU tensor outside
+    ``torch.compile``, TorchScript tracing and ``torch.func`` transforms. Checks that read values
+    (is there padding? are the ids in the vocabulary?) run only then, so that no other path has a
+    host sync or data-dependent control flow."""
+    return (
+        tensor.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+        and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
+    )
+
+
 def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> None:
     """Raise a clear error for ids outside [0, V) instead of an index error deep inside torch: on
     the CPU always (outside compilation and transforms), elsewhere only with
-    ``HF_VANILLA_CHECK_TOKEN_IDS=1`` (it needs a host sync)."""
+    ``HF_VANILLA_CHECK_TOKEN_IDS=1`` at import (it needs a host sync)."""
     if input_ids.numel() == 0:
         raise ValueError(
             f"`{name}` is empty (shape {tuple(input_ids.shape)}): give at least one row of at least one token."
         )
-    if not (
-        _readable(input_ids) or (os.environ.get(CHECK_TOKEN_IDS) == "1" and not torch.compiler.is_compiling())
-    ):
+    if not (_readable(input_ids) or (_CHECK_TOKEN_IDS_EVERYWHERE and not torch.compiler.is_compiling())):
         return
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= vocab_size:
@@ -671,7 +619,6 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
         **kwargs: object,
     ) -> BaseModelOutput:
         """input_ids (B, S) → last_hidden_state (B, S, D); ``hidden_states[0]`` is the embedding output."""
@@ -688,9 +635,9 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         mask = build_attention_mask(
             attention_mask, hidden_states.shape[1], hidden_states.shape[1], causal=False
         )
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        kwargs.setdefault("output_attentions", self.config.output_attentions)  # read by the kernel
         for layer in self.layers:
-            hidden_states, _ = layer(hidden_states, mask, output_attentions=bool(output_attentions))
+            (hidden_states,) = layer(hidden_states, mask, **kwargs)
         return BaseModelOutput(last_hidden_state=hidden_states)
 
 
@@ -728,7 +675,6 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
         **kwargs: object,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """input_ids (B, T) and encoder output (B, S, D) → last_hidden_state (B, T, D)."""
@@ -754,7 +700,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         )
         hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
 
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        kwargs.setdefault("output_attentions", self.config.output_attentions)  # read by the kernel
         key_length = (
             cache.self_attention_cache.get_mask_sizes(length, 0)[0] if cache is not None else length
         )  # P + T, or a static cache's capacity
@@ -764,7 +710,8 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
             key_length,
             causal=True,
             past_length=past_length,
-            materialize_causal=bool(output_attentions) or self.config._attn_implementation != "sdpa",
+            materialize_causal=bool(kwargs["output_attentions"])
+            or self.config._attn_implementation != "sdpa",
             device=hidden_states.device,
         )
         groups = hidden_states.shape[0] // encoder_hidden_states.shape[0]
@@ -784,13 +731,13 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         )
 
         for layer in self.layers:
-            hidden_states, _, _ = layer(
+            (hidden_states,) = layer(
                 hidden_states,
                 encoder_hidden_states,
                 attention_mask=self_mask,
                 encoder_attention_mask=cross_mask,
                 cache=cache,
-                output_attentions=bool(output_attentions),
+                **kwargs,
             )
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states, cache=cache if use_cache else None
@@ -933,7 +880,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 
 
 # --------------------------------------------------------------------------------------------------
-# §3.4 The pre-softmax projection; §5.4 the loss; §6.1 decoding
+# §3.4 The pre-softmax projection; §5.4 the loss (§6.1 decoding: generation_vanilla_transformer.py)
 # --------------------------------------------------------------------------------------------------
 def smoothed_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> torch.Tensor:
     """§5.4 label-smoothed cross-entropy, summed over the target tokens whose label is not -100:
@@ -946,68 +893,9 @@ def smoothed_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, smoot
     )
 
 
-def _source_lengths(inputs: torch.Tensor | None, kwargs: dict[str, object]) -> torch.Tensor | None:
-    """(B,) unpadded source lengths of a ``generate()`` call: from its ``attention_mask``, else the
-    width of the source ids or of the encoder states given instead; ``None`` when there is neither."""
-    attention_mask = kwargs.get("attention_mask")
-    if attention_mask is not None:  # (B, S) → (B,)
-        return attention_mask.sum(dim=-1)
-    source = inputs if inputs is not None else kwargs.get("input_ids")
-    if source is None and kwargs.get("encoder_outputs") is not None:
-        source = kwargs["encoder_outputs"][0]  # (B, S, D) encoder states given instead of the source
-    if source is None:
-        return None
-    return torch.full((source.shape[0],), source.shape[1], device=source.device)
-
-
-def _first_set(name: str, kwargs: dict[str, object], configs: list[GenerationConfig]) -> object:
-    """The value of a generation parameter as ``generate()`` resolves it: the call's keyword argument,
-    else the first generation config (the one passed, then the model's) that sets it; ``None``."""
-    values = (kwargs.get(name), *(getattr(config, name, None) for config in configs))
-    return next((value for value in values if value is not None), None)
-
-
-def _user_length_cap(kwargs: dict[str, object], configs: list[GenerationConfig]) -> bool:
-    """Whether a ``max_new_tokens`` or ``max_length`` caps this ``generate()`` call. A config's
-    ``max_length`` equal to transformers' global default (20) is not a cap: ``Seq2SeqTrainer``
-    writes that default into the model's generation config when it is unset."""
-    if _first_set("max_new_tokens", kwargs, configs) is not None or kwargs.get("max_length") is not None:
-        return True
-    max_length = _first_set("max_length", kwargs, configs)
-    return max_length not in (None, GenerationConfig._get_default_generation_params()["max_length"])
-
-
-class _SourceLengthBound(LogitsProcessor):
-    """§6.1 per sentence: a hypothesis holds at most ``source length + offset`` generated tokens, its
-    ``</s>`` included, so after ``source length + offset - 1`` tokens only ``</s>`` may follow.
-    ``source_lengths`` has one entry per sentence (rows are sentences × beams); ``start_length`` is
-    the length of the decoder prompt (the start token, or the ``decoder_input_ids`` given)."""
-
-    def __init__(
-        self, source_lengths: torch.Tensor, start_length: int, eos_token_id: int, offset: int
-    ) -> None:
-        # (rows,) decoder length at which only </s> may follow: source length + offset tokens in all.
-        self.limits = source_lengths + offset - 1 + start_length
-        # Before this decoder length no row is at its bound (read once here, not at every step).
-        self.first_limit = int(self.limits.min())
-        self.eos_token_id = eos_token_id
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if input_ids.shape[1] < self.first_limit:  # most steps: the scores stay as they are
-            return scores
-        rows = input_ids.shape[0]
-        limits = self.limits.to(input_ids.device).repeat_interleave(rows // self.limits.shape[0])
-        done = input_ids.shape[1] >= limits  # (rows,)
-        # </s> keeps its own score (beam search ranks the ended hypothesis by it); if another
-        # processor banned it (e.g. min_new_tokens beyond the bound), the lowest finite score instead
-        # of -inf, so the row never becomes all -inf (NaN after log-softmax).
-        eos_scores = scores[:, self.eos_token_id].clamp(min=torch.finfo(scores.dtype).min)  # (rows,)
-        bounded = scores.masked_fill(done[:, None], -math.inf)  # (rows, V)
-        bounded[:, self.eos_token_id] = torch.where(done, eos_scores, scores[:, self.eos_token_id])
-        return bounded
-
-
-class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
+class VanillaTransformerForConditionalGeneration(
+    VanillaTransformerPreTrainedModel, VanillaTransformerGenerationMixin, GenerationMixin
+):
     """The full model of Figure 1: encoder-decoder plus the pre-softmax linear projection, which
     shares its weight with the embeddings (§3.4), and the training loss (§5.4 label smoothing)."""
 
@@ -1022,17 +910,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         if config.final_logits_bias:  # deviation 6 (Marian): a fixed bias on the logits
             self.register_buffer("final_logits_bias", torch.zeros(1, config.target_vocab_size))
         self.post_init()
-        # §6.1: beam size 4; length penalty α = 0.6, applied as HF's log P / |Y|^α (the paper cites
-        # GNMT's ((5 + |Y|) / 6)^α; see hf_vanilla.translate); max output length = source length +
-        # `max_length_offset` per sentence (see generate); stop when no better hypothesis can appear,
-        # which is HF's "never" (True stops as soon as num_beams hypotheses have finished).
-        self.generation_config.num_beams = 4
-        self.generation_config.length_penalty = 0.6
-        self.generation_config.early_stopping = "never"
-        self.generation_config.max_length_offset = MAX_LENGTH_OFFSET
-        # Ours, not derived from the model config: saved and loaded with its custom key (transformers
-        # drops keys it does not know from a config marked as derived from the model config).
-        self.generation_config._from_model_config = False
+        self._set_paper_generation_defaults()
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.shared
@@ -1174,14 +1052,13 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             labels = labels.to(hidden_states.device)
             fused = fast_linear_cross_entropy(
                 self.lm_head,
-                hidden_states.reshape(-1, hidden_states.shape[-1]),
+                hidden_states,
                 None if bias is None else bias.view(-1),
-                labels.reshape(-1),
+                labels,
                 self.config.label_smoothing,
             )
             if fused is not None:
-                total, logits = fused
-                logits = logits.view(*hidden_states.shape[:-1], -1)  # (B, T, V)
+                total, logits = fused  # logits (B, T, V)
         if total is None:
             logits = fast_linear(self.lm_head, hidden_states)  # (B, T, V): §3.4 the pre-softmax projection
             if bias is not None:
@@ -1213,106 +1090,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         if isinstance(num_items_in_batch, torch.Tensor):
             num_items_in_batch = num_items_in_batch.to(total.device)
         return total / num_items_in_batch
-
-    def _expand_inputs_for_generation(
-        self,
-        expand_size: int = 1,
-        is_encoder_decoder: bool = False,
-        input_ids: torch.Tensor | None = None,
-        **model_kwargs: object,
-    ) -> tuple[torch.Tensor | None, dict[str, object]]:
-        """Beam search and ``num_return_sequences`` decode ``expand_size`` hypotheses per sentence.
-        Everything is repeated per hypothesis as in ``GenerationMixin`` except the encoder output: the
-        cross-attention computes K/V once per sentence and lets its hypotheses attend to them together
-        (same function; K/V projections, cache and per-step reads ``expand_size`` times smaller)."""
-        encoder_outputs = model_kwargs.pop("encoder_outputs", None)
-        if is_encoder_decoder and encoder_outputs is None:
-            raise ValueError("Generation needs `encoder_outputs` here; run the encoder first.")
-        input_ids, model_kwargs = super()._expand_inputs_for_generation(
-            expand_size=expand_size, is_encoder_decoder=False, input_ids=input_ids, **model_kwargs
-        )
-        if encoder_outputs is not None:
-            model_kwargs["encoder_outputs"] = encoder_outputs
-        return input_ids, model_kwargs
-
-    def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
-        """Beam search: the self-attention cache follows the surviving hypotheses. The cross-attention
-        cache has one entry per sentence, shared by its hypotheses (which never move to another
-        sentence), so it is reordered only when it was built from an expanded encoder output."""
-        reorder_self_attention_cache(cache.self_attention_cache, beam_idx)
-        cross = cache.cross_attention_cache
-        if (
-            cross.layers
-            and cross.layers[0].is_initialized
-            and cross.layers[0].keys.shape[0] == beam_idx.shape[0]
-        ):
-            cross.reorder_cache(beam_idx)
-        return cache
-
-    def generate(
-        self,
-        inputs: torch.Tensor | None = None,
-        generation_config: GenerationConfig | None = None,
-        logits_processor: LogitsProcessorList | None = None,
-        **kwargs: object,
-    ) -> torch.Tensor:
-        """``GenerationMixin.generate`` with the §6.1 bound on every call: each sentence produces at
-        most its own (unpadded) source length + ``max_length_offset`` tokens, ``</s>`` included.
-
-        ``max_length_offset`` is a generation-config key (50, the paper's, in this model's config;
-        50 too when a config has none) or a keyword argument of this call. A ``max_length`` or
-        ``max_new_tokens`` set by the user (in the call or in a generation config) caps the output
-        further for the whole batch; it never lifts the per-sentence bound. A generation config's
-        ``max_length`` equal to transformers' global default (20) counts as unset:
-        ``Seq2SeqTrainer(predict_with_generate=True)`` writes that default into
-        ``model.generation_config`` (and so into the saved ``generation_config.json``). To cap at
-        exactly 20 tokens, pass ``max_length=20`` to this call or set ``max_new_tokens``.
-
-        Continuing from a returned ``cache`` with the full ``decoder_input_ids`` (as ``generate()``
-        returned them): transformers slices off the cached part only when a decoder attention mask
-        as long as the ids says so, so one is given here (without it, every id would be fed again).
-        """
-        cache, decoder_input_ids = kwargs.get("cache"), kwargs.get("decoder_input_ids")
-        if (
-            isinstance(cache, Cache)
-            and decoder_input_ids is not None
-            and kwargs.get("decoder_attention_mask") is None
-            and decoder_input_ids.shape[1] > cache.get_seq_length()
-        ):
-            kwargs["decoder_attention_mask"] = torch.ones_like(decoder_input_ids)
-        source = inputs if inputs is not None else kwargs.get("input_ids")
-        encoder_outputs = kwargs.get("encoder_outputs")
-        if source is None and encoder_outputs is not None:
-            source = encoder_outputs[0]  # (B, S, D) encoder states given instead of the source
-        if isinstance(source, torch.Tensor) and source.shape[0] == 0:
-            raise ValueError(
-                f"generate() got an empty batch (shape {tuple(source.shape)}): give at least one sentence."
-            )
-        configs = [config for config in (generation_config, self.generation_config) if config is not None]
-        offset = _first_set("max_length_offset", kwargs, configs)
-        kwargs.pop("max_length_offset", None)
-        offset = MAX_LENGTH_OFFSET if offset is None else offset
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(
-                f"`max_length_offset` must be a non-negative number of tokens (§6.1: 50), got {offset!r}."
-            )
-        source_lengths = _source_lengths(inputs, kwargs)
-        if source_lengths is not None:
-            decoder_input_ids = kwargs.get("decoder_input_ids")
-            start_length = decoder_input_ids.shape[-1] if isinstance(decoder_input_ids, torch.Tensor) else 1
-            if not _user_length_cap(kwargs, configs):
-                # The batch runs at most as long as its longest sentence's bound.
-                max_length = start_length + int(source_lengths.max()) + offset
-                if generation_config is not None:
-                    generation_config = copy.deepcopy(generation_config)
-                    generation_config.max_length = max_length
-                else:
-                    kwargs["max_length"] = max_length
-            bound = _SourceLengthBound(source_lengths, start_length, self.config.eos_token_id, offset)
-            logits_processor = LogitsProcessorList([*(logits_processor or []), bound])
-        return super().generate(
-            inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
-        )
 
 
 __all__ = [

@@ -107,6 +107,8 @@ HUB_FOLDER_FILES = {
     "modeling_vanilla_transformer.py",
     "configuration_vanilla_transformer.py",
     "fast_paths.py",
+    "generation_vanilla_transformer.py",
+    "saving_vanilla_transformer.py",
     "pipeline_vanilla_transformer.py",
     "tokenizer.json",
     "tokenizer_config.json",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -132,6 +133,49 @@ def shard_class_as_fsdp2_does(model: torch.nn.Module) -> None:
     model.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {"__module__": _fsdp_init.__name__})
 
 
+#: The last commit before the generation policy left the modeling file: the code a released folder holds.
+RELEASED = "d9a04bb41689411f9b89925b224a41476a8af837"
+RELEASED_CODE = (
+    "configuration_vanilla_transformer.py",
+    "fast_paths.py",
+    "modeling_vanilla_transformer.py",
+    "pipeline_vanilla_transformer.py",
+)
+
+
+def test_a_folder_written_by_the_released_code_loads_unchanged(tokenizer, tmp_path: Path) -> None:
+    """Hub folders keep their file names and auto_map strings: a folder holding the released code
+    files (no generation file) loads with trust_remote_code (its own code, in a clean process) and
+    without it (this code), and both generate the same tokens (``assert_self_contained``)."""
+    try:
+        released = {
+            name: subprocess.run(
+                ["git", "show", f"{RELEASED}:hf_vanilla/{name}"],
+                cwd=Path(__file__).parent,
+                capture_output=True,
+                check=True,
+                text=True,
+            ).stdout
+            for name in RELEASED_CODE
+        }
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"needs the git history (commit {RELEASED[:7]})")
+    folder = save_model_folder(tiny_model(), tokenizer, tmp_path / "released")
+    (folder / "generation_vanilla_transformer.py").unlink()
+    (folder / "saving_vanilla_transformer.py").unlink()
+    for name, text in released.items():
+        (folder / name).write_text(text)
+    assert sorted(path.name for path in folder.glob("*.py")) == sorted(RELEASED_CODE)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
+        "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
+        "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
+    }
+    assert "def _source_lengths" in released["modeling_vanilla_transformer.py"]  # the policy inside
+    assert_self_contained(folder, tmp_path)
+
+
 @pytest.mark.parametrize("writer", ["save_model_folder", "trainer"])
 def test_folder_of_an_fsdp2_sharded_model_names_and_holds_the_hf_vanilla_code(
     tmp_path: Path, tokenizer, writer: str
@@ -156,8 +200,10 @@ def test_folder_of_an_fsdp2_sharded_model_names_and_holds_the_hf_vanilla_code(
     assert sorted(path.name for path in folder.glob("*.py")) == [
         "configuration_vanilla_transformer.py",
         "fast_paths.py",
+        "generation_vanilla_transformer.py",
         "modeling_vanilla_transformer.py",
         "pipeline_vanilla_transformer.py",
+        "saving_vanilla_transformer.py",
     ]
     assert type(model)._auto_class is None and getattr(model.config, "auto_map", None) is None
     assert_self_contained(folder, tmp_path)

@@ -23,10 +23,10 @@ from hf_vanilla import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
+from hf_vanilla.generation_vanilla_transformer import _SourceLengthBound
 from hf_vanilla.modeling_vanilla_transformer import (
     VanillaTransformerDecoderLayer,
     VanillaTransformerEncoderLayer,
-    _SourceLengthBound,
     build_attention_mask,
     sinusoidal_position_encoding,
 )

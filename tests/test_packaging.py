@@ -84,6 +84,8 @@ def test_wheel_holds_templates_metric_and_remote_code(wheel: zipfile.ZipFile) ->
         "hf_vanilla/metrics/sacrebleu_chrf/sacrebleu_chrf.py",
         "hf_vanilla/modeling_vanilla_transformer.py",
         "hf_vanilla/fast_paths.py",
+        "hf_vanilla/generation_vanilla_transformer.py",
+        "hf_vanilla/saving_vanilla_transformer.py",
         "hf_vanilla/pipeline_vanilla_transformer.py",
     ):
         assert needed in names, needed
