@@ -32,7 +32,7 @@ from transformers import (
 )
 
 from hf_vanilla import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from hf_vanilla.modeling_vanilla_transformer import sinusoidal_position_encoding
+from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import sinusoidal_position_encoding
 
 #: The entry point, which also runs each memory measurement in a fresh process (``--memory_child``).
 BENCH_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.py")
@@ -419,10 +419,10 @@ def multi30k_examples(
     args: BenchArguments, vocab_size: int
 ) -> tuple[list[tuple[list[int], list[int]]], PreTrainedTokenizerBase]:
     """Tokenised (source, target) id lists ending in ``</s>``, from the project's byte-level BPE
-    (``hf_vanilla.tokenization``) trained on the training text, in a seeded random order; and the
+    (``hf_vanilla.data.tokenization``) trained on the training text, in a seeded random order; and the
     tokenizer."""
-    from hf_vanilla.data import read_parallel_text
-    from hf_vanilla.tokenization import train_bpe_tokenizer
+    from hf_vanilla.data.loading import read_parallel_text
+    from hf_vanilla.data.tokenization import train_bpe_tokenizer
 
     folder = args.multi30k or ""
     langs = (args.multi30k_source, args.multi30k_target)
@@ -451,7 +451,7 @@ def token_budget_batches(
 ) -> list[list[int]]:
     """hf_vanilla's batches: ``TokenBudgetBatchSampler`` (length-sorted, ≤ ``max_tokens`` padded
     source + target tokens per batch, batch order shuffled)."""
-    from hf_vanilla.batching import TokenBudgetBatchSampler
+    from hf_vanilla.data.batching import TokenBudgetBatchSampler
 
     sampler = TokenBudgetBatchSampler(
         [len(src) for src, _ in pairs], [len(tgt) for _, tgt in pairs], max_tokens, seed=seed

@@ -6,7 +6,7 @@
 It records, for a few tiny configurations (with and without attention biases, with padding, label
 smoothing): eval logits, training loss and every gradient under a fixed dropout seed, and the outputs
 of greedy, beam-4 (with n-best lists), sampled and attention-returning generation, and compares them
-with ``atol`` (default 1e-5; generated token ids must be equal). The tests in tests/test_modeling.py
+with ``atol`` (default 1e-5; generated token ids must be equal). The tests in tests/models/test_modeling.py
 check properties (eager == SDPA, cache == no cache, save → load); this checks that a speed change
 left the function itself alone.
 """

@@ -3,7 +3,7 @@ CTranslate2 fp32 and int8 (issue 16).
 
 One transformer-base model (``--size``, random weights, the same as ``bench.py`` builds) is saved with
 a word-level tokenizer, exported with the project's own CTranslate2 exporter (float32 and int8), and
-loaded through each route of :mod:`hf_vanilla.quantization`. Every engine decodes the same random
+loaded through each route of :mod:`hf_vanilla.inference.quantization`. Every engine decodes the same random
 sources (``--source_length`` tokens + ``</s>``) for exactly ``--new_tokens`` tokens (``</s>`` has a
 zero embedding row, so random weights never end a hypothesis and every engine does the same work), with ``--threads`` threads for torch and CTranslate2.
 Cases: greedy and beam 4 at batch 1 and ``--batch_size``. Engines run round-robin (A B C … A B C …)
@@ -47,8 +47,8 @@ from bench_workloads import (
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoModelForSeq2SeqLM, HfArgumentParser, PreTrainedTokenizerFast
 
-from hf_vanilla.export_ctranslate2 import export_ctranslate2
-from hf_vanilla.quantization import from_pretrained_kwargs, quantize_loaded
+from hf_vanilla.inference.quantization import from_pretrained_kwargs, quantize_loaded
+from hf_vanilla.interop.export_ctranslate2 import export_ctranslate2
 
 #: The engines, in the order they run in each round.
 HF_ROUTES = ("none", "dynamic-int8", "torchao-int8-weight", "torchao-int8-dynamic", "bf16")
@@ -66,7 +66,8 @@ class PeerArguments:
     repeats: int = field(default=3, metadata={"help": "Timed rounds per case."})
     warmup: int = field(default=1, metadata={"help": "Untimed rounds per case."})
     routes: str = field(
-        default=",".join(HF_ROUTES), metadata={"help": "hf_vanilla routes (hf_vanilla.quantization)."}
+        default=",".join(HF_ROUTES),
+        metadata={"help": "hf_vanilla routes (hf_vanilla.inference.quantization)."},
     )
     seed: int = field(default=0, metadata={"help": "Seed of the weights and the sources."})
     json_out: str | None = field(default=None, metadata={"help": "Also write the results here as JSON."})

@@ -7,14 +7,17 @@ Importing the package registers ``vanilla_transformer`` with ``AutoConfig``, ``A
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from hf_vanilla.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from hf_vanilla.modeling_vanilla_transformer import (
+from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import (
+    PRESETS,
+    VanillaTransformerConfig,
+)
+from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
 )
-from hf_vanilla.pipeline_vanilla_transformer import TASK as PIPELINE_TASK
-from hf_vanilla.pipeline_vanilla_transformer import VanillaTranslationPipeline
+from hf_vanilla.models.vanilla_transformer.pipeline_vanilla_transformer import TASK as PIPELINE_TASK
+from hf_vanilla.models.vanilla_transformer.pipeline_vanilla_transformer import VanillaTranslationPipeline
 
 __version__ = "0.1.0"
 

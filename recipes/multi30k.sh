@@ -32,7 +32,7 @@
 # Knobs (environment variables; the defaults are the measured run's): TRAIN_MINUTES (50), MAX_STEPS
 # (100000: the clock stops the run first), SAVE_STEPS (60), LAST_N (5), VOCAB_SIZE (8000), D_MODEL
 # (256), LAYERS (3), HEADS (4), FFN_DIM (1024), MAX_TOKENS (4000), WARMUP (400), LR (1e-3),
-# MAX_GRAD_NORM (0), OMP_NUM_THREADS (2). tests/test_scripts.py runs the recipe with a tiny model and a
+# MAX_GRAD_NORM (0), OMP_NUM_THREADS (2). tests/cli/test_scripts.py runs the recipe with a tiny model and a
 # few dozen steps.
 # Before issue 23 the recipe sorted the checkpoints itself with `sort -t- -k2 -n`, which splits on every
 # `-` of the path: with a hyphen in OUT_DIR it averaged steps 720-960 of a 3,675-step run (BLEU 30.46)

@@ -9,11 +9,11 @@
    SXM, so pass yours). FLOPs are counted analytically (matmuls only, causal self-attention counted as
    half, backward = 2 × forward) and cross-checked with ``torch.utils.flop_counter`` on one step.
 2. Peak memory of that step with and without gradient checkpointing, and the ratio.
-3. fp16 with loss scaling through the Trainer (``tests/test_precision.py::test_fp16_trainer_scales_the_loss_on_gpu``).
+3. fp16 with loss scaling through the Trainer (``tests/models/test_precision.py::test_fp16_trainer_scales_the_loss_on_gpu``).
 4. FSDP smoke on the GPU(s): ``accelerate launch --config_file configs/accelerate/fsdp.yaml`` runs
    ``scripts/train.py`` (through ``tests/train_driver.py``, which only records) in bf16 for 20 steps with
    checkpoints at 10 and 20, resumes to 30 and evaluates with generation. It checks what the CPU tests
-   (tests/test_fsdp.py, which force FSDP on for gloo with a test-only shim) cannot: that accelerate
+   (tests/training/test_fsdp.py, which force FSDP on for gloo with a test-only shim) cannot: that accelerate
    itself turns FSDP on for a GPU launch (the launch is not refused, every rank reports
    ``DistributedType.FSDP`` and sharded parameters), FSDP2 with bf16 mixed precision, the gathered
    checkpoint written from GPU shards (every checkpoint passes ``verify_checkpoint``, the shared
@@ -198,7 +198,7 @@ def fsdp_smoke(output_dir: Path, args: CheckArguments) -> dict[str, Any]:
     from safetensors.torch import load_file
     from transformers import AutoModelForSeq2SeqLM
 
-    from hf_vanilla.safe_loading import verify_checkpoint
+    from hf_vanilla.io.safe_loading import verify_checkpoint
 
     run_dir, resumed_dir = output_dir / "fsdp_run", output_dir / "fsdp_resumed"
     for folder in (run_dir, resumed_dir):

@@ -1,4 +1,4 @@
-"""FSDP2 (``torch.distributed.fsdp.fully_shard``) on CPU over gloo, for tests/test_fsdp.py.
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) on CPU over gloo, for tests/training/test_fsdp.py.
 
 Launched as ``torchrun --nproc_per_node 2 tests/fsdp_worker.py OUT [options]``. Each process builds the
 tiny model (seed 0, no dropout), shards every encoder and decoder layer and then the root (which keeps
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from conftest import tiny_config
+from helpers import tiny_config
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -40,7 +40,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from hf_vanilla import VanillaTransformerForConditionalGeneration
-from hf_vanilla.durability import tie_state_dict
+from hf_vanilla.training.sharded_loading import tie_state_dict
 
 GLOBAL_BATCH = 8
 LEARNING_RATE = 1e-3

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from transformers import dynamic_module_utils
 
-from hf_vanilla.hub import save_model_folder
+from hf_vanilla.hub.folder import save_model_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -1,8 +1,8 @@
 """Runs ``scripts/train.py`` unchanged, with a recording Trainer, for the multi-process and fault tests.
 
-Launched by tests/test_distributed.py and tests/test_faults.py as ``python``, ``torchrun`` or
+Launched by tests/training/test_distributed.py and tests/training/test_faults.py as ``python``, ``torchrun`` or
 ``accelerate launch`` ``tests/train_driver.py <train.py arguments>``. It swaps
-``hf_vanilla.training.PaperSeq2SeqTrainer`` for a subclass that adds observation only, then runs the
+``hf_vanilla.training.trainer.PaperSeq2SeqTrainer`` for a subclass that adds observation only, then runs the
 script as ``__main__``. Controlled by environment variables:
 
 * ``HF_VANILLA_RECORD_DIR``: each process writes ``rank-<r>.json`` (rank, world size, pid, tokenizer
@@ -35,8 +35,8 @@ from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback
 
-import hf_vanilla.training as training
-from hf_vanilla.durability import SaveOnSignalCallback
+import hf_vanilla.training.run as training
+from hf_vanilla.training.resilience import SaveOnSignalCallback
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD_DIR = os.environ.get("HF_VANILLA_RECORD_DIR")

@@ -15,8 +15,8 @@
 | ``hf-vanilla-convert`` | :mod:`hf_vanilla.cli.convert` |
 | ``hf-vanilla-export-ct2`` | :mod:`hf_vanilla.cli.export_ctranslate2` |
 | ``hf-vanilla-export-onnx`` | :mod:`hf_vanilla.cli.export_onnx` |
-| ``hf-vanilla-demo`` | :mod:`hf_vanilla.demo` |
-| ``hf-vanilla-app`` | :mod:`hf_vanilla.app` (the web demo) |
+| ``hf-vanilla-demo`` | :mod:`hf_vanilla.cli.demo` |
+| ``hf-vanilla-app`` | :mod:`hf_vanilla.cli.app` (the web demo) |
 
 Each command (and ``python -m hf_vanilla.demo``) has a ``main(argv)`` that returns an exit status
 through :func:`run_cli`:
@@ -31,9 +31,9 @@ through :func:`run_cli`:
 * Ctrl-C ends in ``interrupted`` and status 130, SIGTERM (``kill``, a scheduler) in ``terminated``
   and status 143, after the same clean-up: temporary files and staged folders are removed and every
   existing output stays as it was (training first saves a checkpoint; see
-  :class:`hf_vanilla.durability.SaveOnSignalCallback`, which handles both signals while it trains).
+  :class:`hf_vanilla.training.resilience.SaveOnSignalCallback`, which handles both signals while it trains).
 * Nothing that exists is replaced unless ``--overwrite`` is given
-  (:func:`hf_vanilla.durability.refuse_to_replace`), and outputs are written under a temporary
+  (:func:`hf_vanilla.io.atomic.refuse_to_replace`), and outputs are written under a temporary
   name and renamed into place when complete, so a refused or failed run leaves them as they were.
 """
 
@@ -54,25 +54,12 @@ from transformers import HfArgumentParser
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "DEBUG_EPILOG",
-    "OVERWRITE_HELP",
-    "USER_ERRORS",
-    "Terminated",
-    "parse_arguments",
-    "refuse_non_finite",
-    "run_cli",
-]
 
-#: Help text of every command's ``--overwrite`` flag.
-OVERWRITE_HELP = (
-    "Replace an existing output of the same kind (a folder with a folder, a file with a file). Without it an "
-    "existing output is never touched: the command stops first. An output that is or holds an input is "
-    "always refused. Either way the output is written under a temporary name and moved into place only "
-    "when complete."
-)
+__all__ = ["DEBUG_EPILOG", "USER_ERRORS", "Terminated", "parse_arguments", "refuse_non_finite", "run_cli"]
+
 #: Epilog of every command's ``--help`` (``--debug`` is taken out of the arguments by :func:`run_cli`).
 DEBUG_EPILOG = "An error ends in one line; --debug shows its traceback."
+
 #: Exceptions that describe bad input (their message says what to do), not a bug in hf_vanilla.
 #: ``ValueError`` covers ``UnicodeDecodeError``, ``json.JSONDecodeError`` and the checkpoint checks;
 #: ``OSError`` missing, existing or unreadable files and Hub download failures; ``StrictDataclassError`` a
@@ -152,7 +139,7 @@ def run_cli(
     success, 1 after a user error, 130 after Ctrl-C, 143 after SIGTERM (raised as :class:`Terminated`
     in the main thread, so clean-up runs); ``SystemExit`` (``--help``, a usage error, a
     training run stopped by a signal) passes through. ``train.py`` also passes ``catch_sigterm=False``:
-    :class:`~hf_vanilla.durability.SaveOnSignalCallback` handles its signals, and a second SIGTERM
+    :class:`~hf_vanilla.training.resilience.SaveOnSignalCallback` handles its signals, and a second SIGTERM
     kills it at once.
     """
     args = list(sys.argv[1:] if argv is None else argv)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from hf_vanilla.averaging import average_checkpoints, average_last_checkpoints
-from hf_vanilla.cli import OVERWRITE_HELP, parse_arguments, run_cli
-from hf_vanilla.durability import find_complete_checkpoints
+from hf_vanilla.cli import parse_arguments, run_cli
+from hf_vanilla.io.atomic import OVERWRITE_HELP
+from hf_vanilla.training.averaging import average_checkpoints, average_last_checkpoints
+from hf_vanilla.training.checkpoints import find_complete_checkpoints
 
 
 @dataclass

@@ -15,7 +15,7 @@ import logging
 import sys
 
 from hf_vanilla.cli import parse_arguments, run_cli
-from hf_vanilla.convert import ConversionArguments, convert_from_args
+from hf_vanilla.interop.convert import ConversionArguments, convert_from_args
 
 logger = logging.getLogger("convert")
 

@@ -25,10 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hf_vanilla.cli import OVERWRITE_HELP, parse_arguments, run_cli
-from hf_vanilla.data import DataArguments, load_from_args, pair_location
-from hf_vanilla.durability import refuse_to_replace
-from hf_vanilla.evaluation import (
+from hf_vanilla.analysis.evaluation import (
     BLEU_TOKENIZERS,
     check_bleu_tokenize,
     evaluate_split_into,
@@ -36,8 +33,13 @@ from hf_vanilla.evaluation import (
     parallel_columns,
     result_files,
 )
-from hf_vanilla.safe_loading import checkpoint_step
-from hf_vanilla.translate import DecodingOptions, InputTooLongError, ModelArguments, load_model_and_tokenizer
+from hf_vanilla.cli import parse_arguments, run_cli
+from hf_vanilla.data.loading import DataArguments, load_from_args, pair_location
+from hf_vanilla.inference.decoding import DecodingOptions
+from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.inference.translation import InputTooLongError
+from hf_vanilla.io.atomic import OVERWRITE_HELP, refuse_to_replace
+from hf_vanilla.io.safe_loading import checkpoint_step
 
 
 @dataclass
@@ -85,7 +87,7 @@ def default_output_dir(model: str | Path) -> Path:
 
 def _run(argv: list[str]) -> None:
     _, (model_args, data_args, decoding, eval_args) = parse_arguments(
-        argv, (ModelArguments, DataArguments, DecodingOptions, EvalArguments), __doc__
+        argv, (InferenceModelArguments, DataArguments, DecodingOptions, EvalArguments), __doc__
     )
     check_bleu_tokenize(eval_args.bleu_tokenize)
     test_set = eval_args.sacrebleu_test_set

@@ -13,7 +13,7 @@ import logging
 import sys
 
 from hf_vanilla.cli import parse_arguments, run_cli
-from hf_vanilla.export_ctranslate2 import ExportArguments, export_from_args
+from hf_vanilla.interop.export_ctranslate2 import ExportArguments, export_from_args
 
 logger = logging.getLogger("export_ctranslate2")
 

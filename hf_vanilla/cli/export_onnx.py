@@ -4,7 +4,7 @@
     hf-vanilla-export-onnx --model_dir demo_output --output_dir demo_output_onnx
 
 The output holds `encoder.onnx` (encoder + first decoder step), `decoder_with_past.onnx` (one cached
-step), the config, generation config and tokenizer; `hf_vanilla.export_onnx.greedy_generate` runs them
+step), the config, generation config and tokenizer; `hf_vanilla.interop.export_onnx.greedy_generate` runs them
 with ONNX Runtime.
 """
 
@@ -14,10 +14,10 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from hf_vanilla.cli import OVERWRITE_HELP, parse_arguments, run_cli
-from hf_vanilla.durability import refuse_to_replace
-from hf_vanilla.export_onnx import export_onnx
-from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
+from hf_vanilla.cli import parse_arguments, run_cli
+from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.interop.export_onnx import export_onnx
+from hf_vanilla.io.atomic import OVERWRITE_HELP, refuse_to_replace
 
 logger = logging.getLogger("export_onnx")
 
@@ -33,7 +33,7 @@ def _run(argv: list[str]) -> None:
     _, (args,) = parse_arguments(argv, OnnxExportArguments, __doc__)
     refuse_to_replace(args.output_dir, args.overwrite, "--output_dir", inputs=[args.model_dir])
     model, tokenizer = load_model_and_tokenizer(
-        ModelArguments(model_name_or_path=args.model_dir, device="cpu")
+        InferenceModelArguments(model_name_or_path=args.model_dir, device="cpu")
     )
     export_onnx(model, tokenizer, args.output_dir, overwrite=args.overwrite)
     logger.info("Exported %s to %s", args.model_dir, args.output_dir)

@@ -14,10 +14,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hf_vanilla.cli import OVERWRITE_HELP, parse_arguments, run_cli
-from hf_vanilla.durability import refuse_to_replace
-from hf_vanilla.plotting import plot_cross_attention, plot_positional_encoding, plot_training_curves
-from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
+from hf_vanilla.analysis.plotting import plot_cross_attention, plot_positional_encoding, plot_training_curves
+from hf_vanilla.cli import parse_arguments, run_cli
+from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.io.atomic import OVERWRITE_HELP, refuse_to_replace
 
 
 @dataclass
@@ -48,7 +48,7 @@ class PlotArguments:
 
 
 @dataclass
-class OptionalModelArguments(ModelArguments):
+class OptionalModelArguments(InferenceModelArguments):
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "Model folder or Hub id (needed for --sentence)."}
     )

@@ -8,7 +8,7 @@ r"""Write the folder that would be pushed to the Hugging Face Hub, and push it w
 
 The folder holds model.safetensors, config.json (auto_map for AutoConfig, AutoModel and
 AutoModelForSeq2SeqLM), the modeling code, generation_config.json, the tokenizer and README.md (the model
-card rendered from hf_vanilla/templates/model_card.md, with the scores, the decoding settings and the data's terms of use).
+card rendered from hf_vanilla/hub/templates/model_card.md, with the scores, the decoding settings and the data's terms of use).
 An existing --output_dir is kept unless --overwrite is given; then it is replaced whole.
 The results files must have scored this model: hf-vanilla-evaluate records a sha256 of the weights
 (model_sha256), which must match the model folder's (older results files: the same folder path).
@@ -22,13 +22,14 @@ import sys
 from dataclasses import dataclass, field
 
 from hf_vanilla.cli import parse_arguments, run_cli
-from hf_vanilla.durability import refuse_to_replace
-from hf_vanilla.hub import PublishArguments, card_data_recorded_in, load_results, publish
-from hf_vanilla.translate import ModelArguments, load_model_and_tokenizer
+from hf_vanilla.hub.card import card_data_recorded_in, load_results
+from hf_vanilla.hub.push import PublishArguments, publish
+from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.io.atomic import refuse_to_replace
 
 
 @dataclass
-class OptionalModelArguments(ModelArguments):
+class OptionalModelArguments(InferenceModelArguments):
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "The trained model folder (not needed with --push_only)."}
     )

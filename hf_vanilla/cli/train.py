@@ -27,13 +27,14 @@ import sys
 from transformers import HfArgumentParser
 
 from hf_vanilla.cli import refuse_non_finite, run_cli
-from hf_vanilla.data import DataArguments
-from hf_vanilla.training import ModelArguments, PaperTrainingArguments, run_training, setup_logging
+from hf_vanilla.data.loading import DataArguments
+from hf_vanilla.training.arguments import PaperTrainingArguments, TrainingModelArguments
+from hf_vanilla.training.run import run_training, setup_logging
 
 
 def _run(argv: list[str]) -> None:
     parser = HfArgumentParser(
-        (ModelArguments, DataArguments, PaperTrainingArguments),
+        (TrainingModelArguments, DataArguments, PaperTrainingArguments),
         epilog="An error ends in one line; --log_level debug shows its traceback.",
     )
     refuse_non_finite(parser, argv)

@@ -14,9 +14,9 @@ import logging
 import sys
 
 from hf_vanilla.cli import parse_arguments, run_cli
-from hf_vanilla.data import DataArguments, load_from_args
-from hf_vanilla.durability import refuse_to_replace, save_pretrained_atomic
-from hf_vanilla.tokenization import TokenizerArguments, train_tokenizer_from_dataset
+from hf_vanilla.data.loading import DataArguments, load_from_args
+from hf_vanilla.data.tokenization import TokenizerArguments, train_tokenizer_from_dataset
+from hf_vanilla.io.atomic import refuse_to_replace, save_pretrained_atomic
 
 logger = logging.getLogger("train_tokenizer")
 

@@ -17,16 +17,11 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from hf_vanilla.cli import OVERWRITE_HELP, parse_arguments, run_cli
-from hf_vanilla.durability import refuse_to_replace
-from hf_vanilla.translate import (
-    DecodingOptions,
-    ModelArguments,
-    check_input_file,
-    check_nbest,
-    load_model_and_tokenizer,
-    translate_stream,
-)
+from hf_vanilla.cli import parse_arguments, run_cli
+from hf_vanilla.inference.decoding import DecodingOptions, check_nbest
+from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.inference.streaming import check_input_file, translate_stream
+from hf_vanilla.io.atomic import OVERWRITE_HELP, refuse_to_replace
 
 
 @dataclass
@@ -61,7 +56,7 @@ class IOArguments:
 
 def _run(argv: list[str]) -> None:
     _, (model_args, decoding, io) = parse_arguments(
-        argv, (ModelArguments, DecodingOptions, IOArguments), __doc__
+        argv, (InferenceModelArguments, DecodingOptions, IOArguments), __doc__
     )
     if io.output_file != "-":
         refuse_to_replace(  # before loading anything

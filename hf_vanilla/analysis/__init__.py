@@ -1,0 +1,1 @@
+"""Judging translations and runs: BLEU/chrF (sacreBLEU) and the figures."""

@@ -1,0 +1,39 @@
+"""``hf-vanilla-app`` / ``python -m hf_vanilla.cli.app``: serve the web demo (:mod:`hf_vanilla.demo.app`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from hf_vanilla.cli import DEBUG_EPILOG, run_cli
+from hf_vanilla.demo.app import build_demo
+
+__all__ = ["main"]
+
+
+def _main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="hf-vanilla-app",
+        description=__doc__,
+        epilog=DEBUG_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", required=True, help="Model folder (e.g. demo_output) or Hub id.")
+    parser.add_argument("--device", default="cpu", help="'cpu', 'cuda', 'auto', ... (default: cpu).")
+    parser.add_argument("--host", default="127.0.0.1", help="Address to serve on (0.0.0.0: all interfaces).")
+    parser.add_argument("--port", type=int, default=7860, help="Port to serve on.")
+    parser.add_argument("--share", action="store_true", help="Ask Gradio for a public link (needs internet).")
+    parser.add_argument("--title", default=None, help="Page title.")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    demo = build_demo(args.model, device=args.device, title=args.title)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The embedded demo (English → German spelled-out numbers, end to end) and the web app."""

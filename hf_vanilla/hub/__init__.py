@@ -1,0 +1,1 @@
+"""The model folder, its card, and pushing it to the Hugging Face Hub."""

@@ -1,0 +1,360 @@
+"""The model card: the dataset it was trained on, the results, the training summary."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from hf_vanilla.hub.folder import TRAINING_ARGS_JSON
+from hf_vanilla.io.checksums import weights_fingerprint
+
+logger = logging.getLogger(__name__)
+
+
+__all__ = [
+    "KNOWN_DATASETS",
+    "MULTI30K",
+    "DatasetCard",
+    "DatasetCardArguments",
+    "card_data_recorded_in",
+    "check_results_model",
+    "dataset_card_from_args",
+    "default_template_path",
+    "load_results",
+    "render_model_card",
+    "summarize_training",
+]
+
+_LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "cs": "Czech"}
+
+_EXAMPLES = {"en": "A man rides a bike.", "de": "Ein Mann fährt Fahrrad.", "fr": "Un homme fait du vélo."}
+
+
+@dataclass
+class DatasetCard:
+    """What the model card says about the training/evaluation data."""
+
+    dataset_id: str
+    name: str
+    url: str | None = None
+    terms: str = ""
+    citation: str | None = None
+    #: Hub license of the weights: "other" when the data's terms restrict their use.
+    license: str = "other"
+    license_name: str | None = None
+    license_link: str | None = None
+
+
+#: Multi30k Task 1, as described in /work/shared/data/multi30k/README.md (no LICENSE upstream; the
+#: authors provide it for non-commercial research and education only).
+MULTI30K = DatasetCard(
+    dataset_id="multi30k",
+    name="Multi30k (Task 1)",
+    url="https://github.com/multi30k/dataset",
+    terms=(
+        'Multi30K has no license file. Its authors provide the resources "solely [...] for researchers and '
+        'educators who wish to use the dataset for non-commercial research and/or educational purposes"; '
+        "it is partly derived from Flickr30K, whose images fall under the Flickr Terms of Use (only the text "
+        "was used here). The data is not openly licensed, so these weights inherit the restriction: "
+        "**non-commercial research and education use only**."
+    ),
+    citation=(
+        "@inproceedings{elliott-etal-2016-multi30k,\n"
+        "  title     = {Multi30K: Multilingual English-German Image Descriptions},\n"
+        "  author    = {Elliott, Desmond and Frank, Stella and Sima'an, Khalil and Specia, Lucia},\n"
+        "  booktitle = {Proceedings of the 5th Workshop on Vision and Language},\n"
+        "  pages     = {70--74},\n"
+        "  year      = {2016},\n"
+        "  doi       = {10.18653/v1/W16-3210},\n"
+        "}"
+    ),
+    license="other",
+    license_name="multi30k-non-commercial-research",
+    license_link="https://github.com/multi30k/dataset",
+)
+
+
+def default_template_path() -> Path:
+    """The Jinja model-card template shipped in the package, ``hf_vanilla/hub/templates/model_card.md``."""
+    return Path(__file__).resolve().parent / "templates" / "model_card.md"
+
+
+def render_model_card(
+    config: Any,
+    results: Sequence[dict[str, Any]],
+    decoding: dict[str, Any],
+    source_lang: str,
+    target_lang: str,
+    dataset: DatasetCard,
+    repo_id: str = "path/to/this/folder",
+    model_name: str | None = None,
+    num_parameters: int | None = None,
+    training_summary: str | None = None,
+    example_source: str | None = None,
+    extra_tags: Sequence[str] = (),
+    code_url: str | None = None,
+    template_path: str | Path | None = None,
+) -> ModelCard:
+    """Render the model card (YAML metadata + Markdown) from the Jinja template.
+
+    Args:
+        config: the model config (architecture table).
+        results: one dict per evaluated split, as returned by
+            :func:`hf_vanilla.analysis.evaluation.evaluate_translations` plus ``"dataset_name"`` and ``"split"``
+            (e.g. ``{"split": "validation", "bleu": ..., "chrf": ..., "bleu_signature": ...,
+            "chrf_signature": ..., "num_segments": ...}``).
+        decoding: the decoding settings used for the scores (``DecodingOptions.to_dict()``).
+        source_lang / target_lang: ISO 639-1 codes.
+        dataset: the data's name, link, terms and the resulting license of the weights (no default:
+            the card must name the data the model was trained on).
+        code_url: where the hf_vanilla code lives (linked from the card when given).
+    """
+    required = ("split", "bleu", "chrf", "bleu_signature", "chrf_signature", "num_segments")
+    for result in results:
+        missing = [key for key in required if key not in result]
+        if missing:
+            raise ValueError(
+                f"A result lacks {missing}: pass the output of evaluate_translations plus 'split'."
+            )
+    model_name = model_name or repo_id.split("/")[-1]
+    eval_results = []
+    for result in results:
+        for metric, name in (("bleu", "BLEU"), ("chrf", "chrF")):
+            eval_results.append(
+                EvalResult(
+                    task_type="translation",
+                    task_name=f"Translation {source_lang}-{target_lang}",
+                    dataset_type=dataset.dataset_id,
+                    dataset_name=result.get("dataset_name", dataset.name),
+                    dataset_config=f"{source_lang}-{target_lang}",
+                    dataset_split=result["split"],
+                    metric_type=metric,
+                    metric_name=name,
+                    metric_value=round(float(result[metric]), 2),
+                    metric_config=result[f"{metric}_signature"],
+                )
+            )
+    card_data = ModelCardData(
+        language=[source_lang, target_lang],
+        license=dataset.license,
+        license_name=dataset.license_name if dataset.license == "other" else None,
+        license_link=dataset.license_link if dataset.license == "other" else None,
+        library_name="transformers",
+        pipeline_tag="translation",
+        tags=["translation", "transformer", "vanilla-transformer", "attention-is-all-you-need", *extra_tags],
+        datasets=[dataset.dataset_id],
+        metrics=["bleu", "chrf"],
+        model_name=model_name,
+        eval_results=eval_results or None,
+    )
+    template = Path(template_path) if template_path is not None else default_template_path()
+    license_summary = (
+        f"`{dataset.license_name}`, see the terms above"
+        if dataset.license == "other"
+        else f"`{dataset.license}`"
+    )
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template),
+        model_name=model_name,
+        repo_id=repo_id,
+        code_url=code_url,
+        source_language=_LANGUAGE_NAMES.get(source_lang, source_lang),
+        target_language=_LANGUAGE_NAMES.get(target_lang, target_lang),
+        dataset_name=dataset.name,
+        dataset_url=dataset.url,
+        dataset_citation=dataset.citation,
+        data_terms=dataset.terms,
+        license_summary=license_summary,
+        vocab_size=config.vocab_size,
+        encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers,
+        d_model=config.d_model,
+        heads=config.encoder_attention_heads,
+        ffn_dim=config.encoder_ffn_dim,
+        dropout=config.dropout,
+        num_parameters=f"{num_parameters:,}" if num_parameters is not None else "n/a",
+        results=[{"dataset_name": dataset.name, **r} for r in results],
+        decoding=decoding.get("description", str(decoding)),
+        length_penalty_type=decoding.get("length_penalty_type", "hf"),
+        training_summary=training_summary,
+        example_source=example_source or _EXAMPLES.get(source_lang, "..."),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The publish command (hf-vanilla-publish, scripts/publish.py)
+# --------------------------------------------------------------------------------------------------
+
+KNOWN_DATASETS = {"multi30k": MULTI30K}
+
+
+@dataclass(kw_only=True)
+class DatasetCardArguments:
+    """The training data as the model card names it, with its terms and the weights' license. There is no
+    default: ``hf-vanilla-publish`` requires it, and ``hf-vanilla-train --push_to_hub`` requires it before
+    training and records it in ``training_args.json``."""
+
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": f"For the model card: the training data, one of {sorted(KNOWN_DATASETS)} or 'custom' (then "
+            "give --dataset_id, --data_terms and --weights_license). Required to publish, unless the training "
+            "run recorded it."
+        },
+    )
+    dataset_id: str | None = field(
+        default=None, metadata={"help": "custom data: Hub dataset id or short name."}
+    )
+    dataset_display_name: str | None = field(
+        default=None, metadata={"help": "custom data: name on the card."}
+    )
+    data_terms: str | None = field(
+        default=None, metadata={"help": "custom data: its license / terms of use."}
+    )
+    weights_license: str | None = field(
+        default=None,
+        metadata={"help": "custom data: Hub license id of the weights (e.g. 'apache-2.0', 'other')."},
+    )
+
+
+def dataset_card_from_args(args: DatasetCardArguments) -> DatasetCard:
+    """The data card named by ``--dataset``, or a custom one from ``--dataset_id`` etc."""
+    if args.dataset is None:
+        raise ValueError(
+            f"--dataset is required: name the training data ({', '.join(sorted(KNOWN_DATASETS))}, or 'custom' with "
+            "--dataset_id, --data_terms and --weights_license); the card states its terms and the weights' license."
+        )
+    if args.dataset in KNOWN_DATASETS:
+        return KNOWN_DATASETS[args.dataset]
+    if args.dataset != "custom":
+        raise ValueError(
+            f"Unknown --dataset {args.dataset!r}: choose one of {sorted(KNOWN_DATASETS)} or 'custom'."
+        )
+    missing = [name for name in ("dataset_id", "data_terms", "weights_license") if not getattr(args, name)]
+    if missing:
+        raise ValueError(
+            f"--dataset custom needs {', '.join('--' + m for m in missing)}: the card must state the data's terms "
+            "and the license of the weights."
+        )
+    return DatasetCard(
+        dataset_id=args.dataset_id,
+        name=args.dataset_display_name or args.dataset_id,
+        terms=args.data_terms,
+        license=args.weights_license,
+        license_name="custom-data-terms" if args.weights_license == "other" else None,
+    )
+
+
+def card_data_recorded_in(folder: str | Path, args: DatasetCardArguments) -> None:
+    """Without ``--dataset`` in ``args``, take the card's data fields recorded by the training run in
+    ``folder`` (its ``training_args.json``, as a checkpoint or the training output holds it), each
+    unless given in ``args``; ``args`` is left alone when it names a dataset or nothing is recorded."""
+    recorded = Path(folder) / TRAINING_ARGS_JSON
+    if args.dataset is not None or not recorded.is_file():
+        return
+    values = json.loads(recorded.read_text(encoding="utf-8"))
+    if values.get("dataset") is None:
+        return
+    for card_field in fields(DatasetCardArguments):
+        if getattr(args, card_field.name) is None:
+            setattr(args, card_field.name, values.get(card_field.name))
+    logger.info(
+        "The model card's data, as the training run recorded it in %s: --dataset %s", recorded, args.dataset
+    )
+
+
+def _read_result(path: Path) -> dict[str, Any]:
+    """One ``<split>.results.json``: a JSON object whose ``decoding`` names the beam size and α."""
+    try:
+        result = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(
+            f"--results_files {path}: not a JSON results file ({err}); write it with hf-vanilla-evaluate."
+        ) from None
+    if not isinstance(result, dict):
+        raise ValueError(
+            f"--results_files {path}: a JSON {type(result).__name__}, not the object hf-vanilla-evaluate writes; "
+            "pass the <split>.results.json it wrote."
+        )
+    decoding = result.get("decoding")
+    if not isinstance(decoding, dict) or not {"num_beams", "length_penalty"} <= set(decoding):
+        raise ValueError(
+            f"--results_files {path}: its 'decoding' ({decoding!r}) does not name num_beams and length_penalty; "
+            "write the file with hf-vanilla-evaluate."
+        )
+    return result
+
+
+def check_results_model(path: str | Path, result: dict[str, Any], model_dir: str | Path) -> None:
+    """Refuse results that scored another model than ``model_dir``: the weights fingerprint
+    (``model_sha256``, :func:`hf_vanilla.io.checksums.weights_fingerprint`) must match; a file written
+    before fingerprints were recorded must name the same folder (``model``)."""
+    recorded, named = result.get("model_sha256"), result.get("model")
+    redo = f"evaluate it (hf-vanilla-evaluate --model_name_or_path {model_dir} ...) and pass those results."
+    if recorded is not None:
+        if recorded != weights_fingerprint(model_dir):
+            raise ValueError(
+                f"--results_files {path} scored other weights (model {named}) than --model_name_or_path "
+                f"{model_dir}: the card must show this model's scores; {redo}"
+            )
+        return
+    if named is None:
+        raise ValueError(f"--results_files {path} names no model, so its scores cannot be checked: {redo}")
+    same = (
+        Path(named).resolve() == Path(model_dir).resolve()
+        if Path(named).exists()
+        else named == str(model_dir)
+    )
+    if not same:
+        raise ValueError(
+            f"--results_files {path} scored model {named}, not --model_name_or_path {model_dir}: the card must "
+            f"show this model's scores; {redo}"
+        )
+    logger.warning(
+        "%s records no weights fingerprint (an older hf-vanilla-evaluate): checked by path only.", path
+    )
+
+
+def load_results(paths: Sequence[str | Path], model_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """Read evaluation results; all must share languages and decoding settings and, with ``model_dir``,
+    have scored that model (:func:`check_results_model`)."""
+    if not paths:
+        raise ValueError(
+            "The model card needs measured scores: run hf-vanilla-evaluate first and pass its "
+            "<split>.results.json with --results_files."
+        )
+    results = [_read_result(Path(path)) for path in paths]
+    if model_dir is not None:
+        for path, result in zip(paths, results, strict=True):
+            check_results_model(path, result, model_dir)
+    for key in ("source_lang", "target_lang", "decoding"):
+        values = {json.dumps(result.get(key), sort_keys=True) for result in results}
+        if len(values) > 1:
+            raise ValueError(
+                f"The results files disagree on {key!r} ({sorted(values)}): publish one setting at a time."
+            )
+        if results[0].get(key) is None:
+            raise ValueError(f"{paths[0]} has no {key!r}: write it with hf-vanilla-evaluate.")
+    return results
+
+
+def summarize_training(model_dir: str | Path) -> str | None:
+    """A sentence from ``trainer_state.json`` in the model folder, if there is one."""
+    state_file = Path(model_dir) / "trainer_state.json"
+    if not state_file.is_file():
+        return None
+    state = json.loads(state_file.read_text())
+    parts = [f"Trained for {state.get('global_step', '?')} optimizer steps"]
+    if state.get("epoch") is not None:
+        parts.append(f"({float(state['epoch']):.1f} epochs)")
+    text = " ".join(parts) + " with hf_vanilla's Trainer recipe (§5)."
+    if state.get("best_metric") is not None and state.get("best_model_checkpoint"):
+        text += f" Best validation metric during training: {float(state['best_metric']):.2f}."
+    return text

@@ -1,0 +1,220 @@
+"""Write the exact folder that is pushed to the Hugging Face Hub, and push it when asked.
+
+:func:`save_for_hub` writes:
+
+* ``model.safetensors``, ``config.json`` and ``generation_config.json`` (the paper's §6.1 decoding:
+  beam 4, α = 0.6; the input length + 50 bound is the model's ``generate()`` default);
+* the modeling code, copied by ``register_for_auto_class`` (``modeling_vanilla_transformer.py``,
+  ``configuration_vanilla_transformer.py`` and their relative imports ``fast_paths.py``,
+  ``generation_vanilla_transformer.py`` and ``saving_vanilla_transformer.py``), with an ``auto_map`` for ``AutoConfig``, ``AutoModel`` and
+  ``AutoModelForSeq2SeqLM`` so ``from_pretrained(..., trust_remote_code=True)`` works where hf_vanilla
+  is not installed (transformers alone maps only the saved class and ``AutoConfig``; the model's
+  ``save_pretrained`` adds ``AutoModel``, and the folder is checked for all three);
+* the tokenizer files;
+* ``README.md``: the model card rendered from the Jinja template ``hf_vanilla/hub/templates/model_card.md`` with YAML metadata
+  (languages, license, tags, datasets, metrics and a ``model-index`` with the measured scores) and the
+  data's terms of use.
+
+:func:`push_to_hub` uploads that folder with ``huggingface_hub.HfApi`` (``create_repo`` +
+``upload_folder``). When the Hub cannot be reached (``HF_HUB_OFFLINE=1``, no network, no token) it
+raises :class:`HubPushError`, whose message says that the local folder is kept and how to push it later.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import huggingface_hub
+from huggingface_hub import HfApi
+from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
+
+from hf_vanilla.hub.card import (
+    DatasetCardArguments,
+    dataset_card_from_args,
+    load_results,
+    render_model_card,
+    summarize_training,
+)
+from hf_vanilla.hub.folder import save_for_hub
+from hf_vanilla.inference.decoding import EARLY_STOPPING
+from hf_vanilla.io.atomic import OVERWRITE_HELP, atomic_directory, refuse_to_replace
+
+logger = logging.getLogger(__name__)
+
+
+__all__ = ["HubPushError", "PublishArguments", "publish", "push_to_hub"]
+
+
+class HubPushError(OSError):
+    """The upload did not happen; the local folder is kept."""
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "the Hub could not be reached or refused us", as raised by huggingface_hub's
+    HTTP client (httpx2 in huggingface_hub 2.x, httpx in 1.x) — ConnectionError covers offline mode."""
+    errors: list[type[BaseException]] = [OSError, HfHubHTTPError, LocalTokenNotFoundError]
+    for name in ("httpx2", "httpx"):
+        try:
+            errors.append(importlib.import_module(name).TransportError)
+        except ImportError:
+            continue
+    return tuple(errors)
+
+
+def push_to_hub(
+    folder: str | Path,
+    repo_id: str,
+    private: bool | None = None,
+    token: str | None = None,
+    commit_message: str = "Upload hf_vanilla Transformer",
+    revision: str | None = None,
+) -> str:
+    """Create ``repo_id`` (if needed; ``private=None``: the owner's default visibility) and upload
+    ``folder`` to its main branch, or to the branch ``revision`` (created from main if needed; a pull
+    request's ``refs/pr/N`` is used as it is); return the commit URL.
+
+    Raises:
+        HubPushError: the Hub is unreachable (offline mode, no network), the token is missing or the
+            Hub refused the upload. The message, one line, names the kept local folder and the command
+            to retry.
+    """
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} is not a saved model folder: write it first with save_for_hub.")
+    options = f" --hub_revision {revision}" if revision else ""
+    upload_options = f" --revision {revision}" if revision else ""
+    if private:
+        options, upload_options = options + " --private", upload_options + " --private"
+    later = (
+        f"The local folder {folder} is kept. Push it later, when online and logged in (`hf auth login`), with "
+        f"`hf-vanilla-publish --push_only --output_dir {folder} --push_to_hub --hub_model_id {repo_id}{options}` "
+        f"(or `hf upload {repo_id} {folder} .{upload_options}`)."
+    )
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        raise HubPushError(f"Not pushing to the Hub: offline mode is on (HF_HUB_OFFLINE=1). {later}")
+    api = HfApi(token=token)
+    try:
+        # The full id: a bare name is created under the logged-in user.
+        full_id = api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True).repo_id
+        if revision and not revision.startswith("refs/pr/"):
+            api.create_branch(repo_id=full_id, branch=revision, repo_type="model", exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=full_id,
+            folder_path=str(folder),
+            repo_type="model",
+            commit_message=commit_message,
+            revision=revision,
+        )
+    except _network_errors() as err:
+        reason = " ".join(str(err).split())  # one line: HTTP errors carry the server's reply on more lines
+        raise HubPushError(f"Pushing {folder} to the Hub repo {repo_id!r} failed: {reason}. {later}") from err
+    url = str(getattr(commit, "commit_url", commit))
+    logger.info("Pushed %s to %s", folder, url)
+    return url
+
+
+@dataclass
+class PublishArguments(DatasetCardArguments):
+    """What to publish and where (and, from :class:`DatasetCardArguments`, the data the card names:
+    required unless ``--push_only``)."""
+
+    output_dir: str = field(
+        metadata={
+            "help": "The folder to write: exactly what would be pushed to the Hub (an existing one needs "
+            "--overwrite, and is then replaced whole)."
+        }
+    )
+    results_files: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "One or more <split>.results.json written by hf-vanilla-evaluate (scores for the card)."
+        },
+    )
+    push_to_hub: bool = field(
+        default=False, metadata={"help": "Upload the folder (needs --hub_model_id, network, login)."}
+    )
+    hub_model_id: str | None = field(
+        default=None, metadata={"help": "Hub repo id, e.g. 'user/transformer-base-en-de'."}
+    )
+    private: bool = field(
+        default=False,
+        metadata={"help": "Create the Hub repo as private (without it: the owner's default visibility)."},
+    )
+    hub_revision: str | None = field(
+        default=None,
+        metadata={"help": "Push to this branch of the repo (created if needed) instead of main."},
+    )
+    push_only: bool = field(
+        default=False, metadata={"help": "Push an already written --output_dir without rebuilding it."}
+    )
+    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
+    model_name: str | None = field(
+        default=None, metadata={"help": "Title of the card; default: the repo name."}
+    )
+    training_summary: str | None = field(
+        default=None,
+        metadata={"help": "Training paragraph; default: built from the model folder's trainer_state.json."},
+    )
+    code_url: str | None = field(default=None, metadata={"help": "Link to the hf_vanilla code on the card."})
+    model_card_template: str | None = field(
+        default=None,
+        metadata={"help": "Jinja template of the card; default: hf_vanilla/hub/templates/model_card.md."},
+    )
+
+
+def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str | Path | None = None) -> Path:
+    """Write the Hub folder for ``model`` (see :func:`save_for_hub`) and push it if ``args.push_to_hub``.
+
+    The generation config in the folder is set to the beam size, α and stopping rule that produced the
+    card's scores. With ``model_dir`` (the folder ``model`` was loaded from) every results file must have
+    scored that model (:func:`check_results_model`); without it nothing can be compared, so the caller
+    vouches for the scores. An existing ``output_dir`` is refused (``FileExistsError``) unless ``args.overwrite``;
+    the folder is written under a temporary name and then replaces the old one whole, so it holds exactly
+    what would be pushed (no stale files, no hand-written README.md kept by accident) and a failure leaves
+    the old one as it was. Raises :class:`HubPushError` (folder kept) when the push fails.
+    """
+    if args.push_to_hub and not args.hub_model_id:
+        raise ValueError("--push_to_hub needs --hub_model_id (e.g. 'user/transformer-base-en-de').")
+    folder = Path(args.output_dir)
+    if not args.push_only:
+        refuse_to_replace(
+            folder, args.overwrite, "--output_dir", inputs=[model_dir, *(args.results_files or [])]
+        )
+        results = load_results(args.results_files or [], model_dir)
+        decoding = results[0]["decoding"]
+        model.generation_config.num_beams = decoding["num_beams"]
+        model.generation_config.length_penalty = decoding["length_penalty"]
+        if "early_stopping" in decoding:  # results written before issue 12 do not name it
+            model.generation_config.early_stopping = EARLY_STOPPING[decoding["early_stopping"]]
+        card = render_model_card(
+            model.config,
+            results,
+            decoding,
+            results[0]["source_lang"],
+            results[0]["target_lang"],
+            dataset=dataset_card_from_args(args),
+            repo_id=args.hub_model_id or str(folder),
+            model_name=args.model_name,
+            num_parameters=model.num_parameters(),
+            training_summary=args.training_summary or (summarize_training(model_dir) if model_dir else None),
+            code_url=args.code_url,
+            template_path=args.model_card_template,
+        )
+        metadata = {
+            "results": results,
+            "decoding": decoding,
+            "source_model": str(model_dir) if model_dir else None,
+        }
+        with atomic_directory(folder) as staged:
+            save_for_hub(model, tokenizer, staged, card, metadata)
+    elif not folder.is_dir():
+        raise FileNotFoundError(
+            f"--push_only: {folder} does not exist; write it first (run without --push_only)."
+        )
+    if args.push_to_hub:
+        push_to_hub(folder, args.hub_model_id, private=args.private or None, revision=args.hub_revision)
+    return folder

@@ -1,0 +1,257 @@
+"""Decoding (§6.1): the paper's beam search settings, length penalties, n-best hypotheses."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+
+__all__ = [
+    "EARLY_STOPPING",
+    "LENGTH_PENALTY_TYPES",
+    "DecodingOptions",
+    "Hypothesis",
+    "check_nbest",
+    "generate_hypotheses",
+    "generate_ids",
+    "gnmt_length_penalty",
+    "nbest_log_probs",
+    "paper_generation_kwargs",
+]
+
+LENGTH_PENALTY_TYPES = ("hf", "gnmt")
+
+#: ``--early_stopping`` values and what ``generate()`` receives for each.
+EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
+
+
+@dataclass
+class DecodingOptions:
+    """Decoding settings; the defaults are the paper's (§6.1)."""
+
+    num_beams: int = field(default=4, metadata={"help": "Beam size (§6.1: 4)."})
+    length_penalty: float = field(default=0.6, metadata={"help": "Length penalty α (§6.1: 0.6)."})
+    length_penalty_type: Literal["hf", "gnmt"] = field(
+        default="hf",
+        metadata={
+            "help": "'hf': log P / |Y|^α inside HF beam search. 'gnmt': the paper's log P / ((5+|Y|)/6)^α "
+            "(Wu et al., 2016), applied by rescoring the final num_beams-best list."
+        },
+    )
+    early_stopping: Literal["never", "true", "false"] = field(
+        default="never",
+        metadata={
+            "help": "When beam search stops. 'never': when no running hypothesis can beat the finished ones "
+            "(§6.1's rule); 'true': as soon as num_beams hypotheses have finished; 'false': HF's heuristic."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.early_stopping not in EARLY_STOPPING:
+            raise ValueError(
+                f"`early_stopping` must be one of {sorted(EARLY_STOPPING)}, got {self.early_stopping!r}."
+            )
+        if self.length_penalty_type not in LENGTH_PENALTY_TYPES:
+            raise ValueError(
+                f"`length_penalty_type` must be one of {LENGTH_PENALTY_TYPES}, got {self.length_penalty_type!r}: "
+                "'hf' = log P / |Y|^α inside beam search, 'gnmt' = log P / ((5 + |Y|) / 6)^α as n-best rescoring."
+            )
+        _refuse_non_finite({"length_penalty": self.length_penalty})
+        if not isinstance(self.num_beams, int) or self.num_beams < 1:
+            raise ValueError(f"`num_beams` must be a positive integer, got {self.num_beams!r}.")
+        if self.length_penalty_type == "gnmt" and self.num_beams < 2:
+            raise ValueError("GNMT length-penalty rescoring needs an n-best list: use num_beams >= 2.")
+
+    def describe(self) -> str:
+        """One line naming the decoding settings, for logs, result files and the model card."""
+        if self.length_penalty_type == "gnmt":
+            penalty = (
+                f"GNMT length penalty ((5+|Y|)/6)^{self.length_penalty} applied by rescoring the "
+                f"{self.num_beams}-best list of a search run with HF's |Y|^{self.length_penalty}"
+            )
+        else:
+            penalty = f"HF length penalty |Y|^{self.length_penalty} inside beam search"
+        return (
+            f"beam {self.num_beams}, {penalty}, max output length = input length + 50, "
+            f"early_stopping={self.early_stopping}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "description": self.describe()}
+
+
+def _refuse_non_finite(options: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first decoding option that is a non-finite number (NaN or
+    infinity decode into garbage without an error)."""
+    for name, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"`{name}` is {value}, not a finite number: give an ordinary number.")
+
+
+def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor | float:
+    """lp(Y) = ((5 + |Y|) / 6)^α (Wu et al., 2016, Eq. 14), the penalty the paper's α = 0.6 refers to."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def paper_generation_kwargs(options: DecodingOptions | None = None) -> dict[str, Any]:
+    """``generate()`` keyword arguments for §6.1 decoding (beam size, α and the stopping rule; the
+    length bound is the model's own)."""
+    options = options or DecodingOptions()
+    return {
+        "num_beams": options.num_beams,
+        "length_penalty": options.length_penalty,
+        "early_stopping": EARLY_STOPPING[options.early_stopping],
+    }
+
+
+def _eos_id(model: Any) -> int:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = model.config.eos_token_id
+    if isinstance(eos, (list, tuple)):
+        if len(eos) != 1:
+            raise ValueError(f"Expected one end-of-sentence id, the generation config has {eos}.")
+        eos = eos[0]
+    if eos is None:
+        raise ValueError("The model has no eos_token_id: set it in the config or the generation config.")
+    return int(eos)
+
+
+def nbest_log_probs(outputs: Any, length_penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probabilities log P(Y | X) and lengths |Y| of beam-search hypotheses.
+
+    ``outputs`` is a ``generate(..., output_scores=True, return_dict_in_generate=True)`` beam result.
+    HF defines ``sequences_scores = Σ log p / |Y|^length_penalty`` with |Y| the generated tokens
+    including ``</s>`` (``transformers.generation.utils``, ``_update_finished_beams``); |Y| is read
+    from ``beam_indices``, which is -1 after a hypothesis ended.
+    """
+    if getattr(outputs, "beam_indices", None) is None or getattr(outputs, "sequences_scores", None) is None:
+        raise ValueError(
+            "Need a beam-search result with scores: call generate(num_beams>1, output_scores=True, "
+            "return_dict_in_generate=True)."
+        )
+    lengths = (outputs.beam_indices >= 0).sum(dim=1).clamp(min=1).to(outputs.sequences_scores.dtype)
+    return outputs.sequences_scores * lengths**length_penalty, lengths
+
+
+@dataclass
+class Hypothesis:
+    """One translation of a sentence; ``score`` is ``None`` unless an n-best list was asked for."""
+
+    text: str
+    score: float | None = None
+
+
+def _greedy_scores(outputs: Any, eos_id: int, length_penalty: float) -> torch.Tensor:
+    """log P(Y | X) / |Y|^α of greedy outputs, |Y| counting generated tokens up to ``</s>`` included (as
+    ``sequences_scores`` does for beam search)."""
+    steps = torch.stack(outputs.scores, dim=1).float().log_softmax(dim=-1)  # (B, steps, V)
+    generated = outputs.sequences[:, -steps.shape[1] :]  # (B, steps)
+    log_probs = steps.gather(2, generated.unsqueeze(-1)).squeeze(-1)
+    ended_before = (generated == eos_id).int().cumsum(dim=1) - (generated == eos_id).int()
+    counted = ended_before == 0  # tokens up to the first </s>, that one included
+    lengths = counted.sum(dim=1).clamp(min=1).float()
+    return log_probs.masked_fill(~counted, 0.0).sum(dim=1) / lengths**length_penalty
+
+
+def check_nbest(nbest: int | None, num_beams: int) -> None:
+    """Refuse an n-best list size below 1 or wider than the beam, naming the flag to change."""
+    if nbest is None:
+        return
+    if nbest < 1:
+        raise ValueError(
+            f"--nbest {nbest}: give at least 1 (the number of translations per line), or leave it out."
+        )
+    if nbest > num_beams:
+        raise ValueError(f"--nbest {nbest} needs --num_beams >= {nbest} (now {num_beams}).")
+
+
+@torch.inference_mode()
+def generate_hypotheses(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    options: DecodingOptions | None = None,
+    nbest: int | None = None,
+    **generate_kwargs: Any,
+) -> list[list[tuple[list[int], float | None]]]:
+    """Decode one padded batch; per sentence, ``(output ids, score)`` pairs (decoder start, ``</s>`` and
+    padding removed). ``generate_kwargs`` go to ``model.generate``.
+
+    Without ``nbest``: the one chosen hypothesis, score ``None``. With ``nbest`` = N (at most the beam
+    size): the N best, best first, each with the score it was ranked by, log P(Y | X) / |Y|^α (HF's
+    ``sequences_scores``; greedy decoding computes the same) or, with ``length_penalty_type="gnmt"``,
+    log P(Y | X) / ((5 + |Y|) / 6)^α. See the module docstring for the length bound and both penalties.
+    """
+    options = options or DecodingOptions()
+    check_nbest(nbest, options.num_beams)
+    if generate_kwargs.get("num_return_sequences", 1) != 1:
+        wanted = generate_kwargs["num_return_sequences"]
+        raise ValueError(
+            f"num_return_sequences={wanted}: translation keeps one hypothesis per sentence; for the "
+            f"{wanted} best, pass nbest={wanted} (translate_nbest, hf-vanilla-translate --nbest {wanted})."
+        )
+    generate_kwargs.pop("num_return_sequences", None)
+    _refuse_non_finite({**asdict(options), **generate_kwargs})
+    eos_id = _eos_id(model)
+    kwargs = {**paper_generation_kwargs(options), **generate_kwargs}
+    gnmt = options.length_penalty_type == "gnmt"
+    if nbest is None and not gnmt:
+        sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        return [[(_strip(row.tolist(), model, eos_id), None)] for row in sequences]
+    returned = options.num_beams if gnmt else nbest
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        num_return_sequences=returned,
+        output_scores=True,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+    if options.num_beams == 1:
+        scores = _greedy_scores(out, eos_id, options.length_penalty)
+    elif gnmt:
+        log_probs, lengths = nbest_log_probs(out, options.length_penalty)
+        scores = log_probs / gnmt_length_penalty(lengths, options.length_penalty)
+    else:
+        scores = out.sequences_scores
+    batch_size = input_ids.shape[0]
+    scores = scores.view(batch_size, returned).float()
+    results = []
+    for sentence in range(batch_size):
+        best_first = scores[sentence].argsort(descending=True, stable=True)[: nbest or 1].tolist()
+        rows = [out.sequences[sentence * returned + k].tolist() for k in best_first]
+        results.append(
+            [
+                (_strip(row, model, eos_id), float(scores[sentence, k]) if nbest else None)
+                for row, k in zip(rows, best_first, strict=True)
+            ]
+        )
+    return results
+
+
+def generate_ids(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    options: DecodingOptions | None = None,
+    **generate_kwargs: Any,
+) -> list[list[int]]:
+    """Decode one padded batch; return the chosen output ids per sentence (decoder start, ``</s>`` and
+    padding removed). ``generate_kwargs`` go to ``model.generate``.
+
+    See the module docstring for the length bound and the two length penalties.
+    """
+    hypotheses = generate_hypotheses(model, input_ids, attention_mask, options, **generate_kwargs)
+    return [best[0][0] for best in hypotheses]
+
+
+def _strip(ids: list[int], model: Any, eos_id: int) -> list[int]:
+    """Drop the decoder start token, and everything from end-of-sentence on (padding included)."""
+    if ids and ids[0] == model.config.decoder_start_token_id:
+        ids = ids[1:]
+    if eos_id in ids:
+        ids = ids[: ids.index(eos_id)]
+    return ids

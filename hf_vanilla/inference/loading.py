@@ -1,0 +1,188 @@
+"""Loading a model folder (or Hub id) with its tokenizer for inference: backend, device, dtype,
+quantization."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hf_vanilla.data.tokenization import check_tokenizer_matches_config, load_tokenizer
+from hf_vanilla.inference.ctranslate2 import CTranslate2Model
+from hf_vanilla.inference.quantization import check_route, from_pretrained_kwargs, quantize_loaded
+from hf_vanilla.io.errors import CheckpointError
+from hf_vanilla.io.safe_loading import load_pretrained_checked
+
+__all__ = [
+    "BACKENDS",
+    "DTYPES",
+    "InferenceModelArguments",
+    "check_dtype",
+    "load_model",
+    "load_model_and_tokenizer",
+    "resolve_device",
+]
+
+#: ``--dtype`` values and the torch dtype of each (``auto``: as saved / as exported).
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+BACKENDS = ("auto", "transformers", "ctranslate2")
+
+
+@dataclass
+class InferenceModelArguments:
+    """Which model to run and where."""
+
+    model_name_or_path: str = field(
+        metadata={"help": "A saved model folder (e.g. a Trainer output_dir or checkpoint) or a Hub id."}
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder or Hub id; default: the model folder."}
+    )
+    device: str = field(
+        default="auto", metadata={"help": "'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ..."}
+    )
+    backend: str = field(
+        default="auto",
+        metadata={
+            "help": "'transformers' (generate()), 'ctranslate2' (a folder written by hf-vanilla-export-ct2), or "
+            "'auto': ctranslate2 for a folder with a model.bin, else transformers."
+        },
+    )
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "Weights and computation: 'auto' (as saved or exported), 'float32', 'bfloat16', 'float16'; "
+            "refused where the device cannot run it."
+        },
+    )
+    batch_size: int = field(
+        default=64, metadata={"help": "At most this many sentences per batch (sorted by length)."}
+    )
+    max_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "Also at most this many padded source tokens per batch (sentences × longest); 0 = no token "
+            "budget. A longer sentence goes alone."
+        },
+    )
+    quantization: str = field(
+        default="none",
+        metadata={
+            "help": "Run the model reduced: 'dynamic-int8' (torch quantize_dynamic, CPU), 'torchao-int8-weight', "
+            "'torchao-int8-dynamic' (transformers' TorchAoConfig), 'bf16'; see hf_vanilla.inference.quantization."
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow code shipped with a Hub model (not needed with hf_vanilla installed)."},
+    )
+
+
+def load_model(name: str | Path, **kwargs: Any) -> Any:
+    """``AutoModelForSeq2SeqLM.from_pretrained(name, **kwargs)`` with errors that name the cause
+    (:func:`hf_vanilla.io.safe_loading.load_pretrained_checked`: a truncated or damaged weights file, a
+    missing config, NaN weights, a config that disagrees with the weights); a name that is neither a
+    folder nor a loadable Hub model says so."""
+    path = Path(name)
+    if path.is_dir():
+        return load_pretrained_checked(path, **kwargs)
+    if path.exists():
+        raise ValueError(
+            f"--model_name_or_path {str(name)!r} is a file: give the model folder (config.json and model.safetensors)."
+        )
+    try:
+        return load_pretrained_checked(str(name), **kwargs)
+    except CheckpointError:
+        raise
+    except (OSError, ValueError) as err:
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FileNotFoundError(
+            f"--model_name_or_path {str(name)!r}: no such folder, and no model of that name could be loaded from "
+            f"the Hugging Face Hub ({detail}). Check the path: a training run's --output_dir, one of its "
+            "checkpoint-<step> folders, or an averaged model folder."
+        ) from err
+
+
+def load_model_and_tokenizer(
+    args: InferenceModelArguments, attn_implementation: str | None = None, allow_ctranslate2: bool = False
+) -> tuple[Any, Any]:
+    """Load the model and tokenizer (importing hf_vanilla has registered its Auto classes) and check that
+    they belong together (:func:`hf_vanilla.data.tokenization.check_tokenizer_matches_config`);
+    ``args.quantization`` names a route of :mod:`hf_vanilla.inference.quantization`, ``args.dtype`` one of
+    :data:`DTYPES`. With the ``ctranslate2`` backend (only where ``allow_ctranslate2``: commands that
+    only translate) the model is a :class:`CTranslate2Model`."""
+    device = resolve_device(args.device)
+    if args.backend not in BACKENDS:
+        raise ValueError(f"Unknown --backend {args.backend!r}: choose one of {', '.join(BACKENDS)}.")
+    if args.dtype not in DTYPES:
+        raise ValueError(f"Unknown --dtype {args.dtype!r}: choose one of {', '.join(DTYPES)}.")
+    backend = args.backend
+    if backend == "auto":
+        folder = Path(args.model_name_or_path)
+        is_ct2 = (folder / "model.bin").is_file() and not (folder / "model.safetensors").exists()
+        backend = "ctranslate2" if is_ct2 else "transformers"
+    tokenizer_source = args.tokenizer_name_or_path or args.model_name_or_path
+    if backend == "ctranslate2":
+        if not allow_ctranslate2:
+            raise ValueError(
+                f"--model_name_or_path {args.model_name_or_path!r} is a CTranslate2 export (or --backend "
+                "ctranslate2 was given): this command needs the transformers model folder it was exported from."
+            )
+        if args.quantization != "none":
+            raise ValueError(
+                "--quantization is for the transformers backend; a CTranslate2 model is quantized when exported "
+                "(hf-vanilla-export-ct2 --quantization int8)."
+            )
+        tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
+        model = CTranslate2Model(args.model_name_or_path, device, args.dtype)
+        check_tokenizer_matches_config(
+            tokenizer, model.config, f"tokenizer {tokenizer_source}, model {args.model_name_or_path}"
+        )
+        return model, tokenizer
+    check_route(args.quantization, device)
+    kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
+    kwargs.update(from_pretrained_kwargs(args.quantization))
+    if args.dtype != "auto":
+        if args.quantization != "none":
+            raise ValueError(
+                f"--dtype {args.dtype} and --quantization {args.quantization} both set the precision: give one."
+            )
+        check_dtype(DTYPES[args.dtype], device)
+        kwargs["dtype"] = DTYPES[args.dtype]
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    model = load_model(args.model_name_or_path, **kwargs)
+    tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
+    check_tokenizer_matches_config(
+        tokenizer, model.config, f"tokenizer {tokenizer_source}, model {args.model_name_or_path}"
+    )
+    model = quantize_loaded(model.to(device), args.quantization).eval()
+    return model, tokenizer
+
+
+def check_dtype(dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse a dtype ``device`` cannot compute in (bf16 on a GPU without it, or any failing kernel),
+    with the choices that work, instead of a kernel error in the middle of decoding."""
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"--dtype bfloat16: {device} does not support bfloat16; use float16 or float32.")
+    try:  # the model's kernels: a matrix product and a softmax
+        probe = torch.ones(2, 2, dtype=dtype, device=device)
+        torch.nn.functional.linear(probe, probe).softmax(dim=-1)
+    except RuntimeError as err:
+        raise ValueError(
+            f"--dtype {str(dtype).removeprefix('torch.')}: {device} cannot compute in it ({str(err).splitlines()[0]}); "
+            "use float32."
+        ) from None
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None`` or ``"auto"`` → CUDA if available, else CPU; otherwise the named device."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("`device` is 'cuda' but no CUDA GPU is visible: use --device cpu.")
+    return device

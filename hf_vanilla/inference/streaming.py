@@ -1,0 +1,158 @@
+"""Translating a stream (stdin or a file) line by line, in batches, as lines arrive."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hf_vanilla.data.loading import text_lines
+from hf_vanilla.inference.decoding import DecodingOptions
+from hf_vanilla.inference.translation import InputTooLongError, format_nbest, translate_nbest
+from hf_vanilla.io.atomic import atomic_file, refuse_to_replace
+
+__all__ = ["PAUSE_SECONDS", "check_input_file", "translate_stream"]
+
+#: Seconds without a new line after which the lines read so far from stdin are translated.
+PAUSE_SECONDS = 0.1
+
+
+def check_input_file(source: str | Path) -> bool:
+    """Raise (one line) if the input file ``source`` is missing or a folder; return whether it is a
+    regular file (``False``: a pipe, such as bash's ``<(...)``, which can be read only once)."""
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"--input_file {str(source)!r} does not exist. Check the path, or pass - for stdin."
+        )
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"--input_file {str(source)!r} is a folder; give a text file, one sentence a line."
+        )
+    return path.is_file()
+
+
+def translate_stream(
+    model: Any,
+    tokenizer: Any,
+    source: str | Path | None,
+    output: str | Path | None,
+    options: DecodingOptions | None = None,
+    batch_size: int = 64,
+    device: str | torch.device | None = None,
+    chunk_lines: int = 10_000,
+    generate_kwargs: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    nbest: int | None = None,
+    max_tokens: int = 0,
+    pause: float = PAUSE_SECONDS,
+) -> int:
+    """Translate a file (or stdin when ``source`` is None or ``"-"``) line by line to a file (or stdout).
+
+    Lines are buffered and translated when ``chunk_lines`` of them are waiting (fairseq-interactive's
+    ``--buffer-size``), at the end of the input, and, on stdin, when no new line has come for ``pause``
+    seconds: typed or piped lines are translated as they arrive, and long files do not need to fit in
+    memory. Output goes to stdout as each buffer is translated. Without ``nbest`` each input line gives
+    one output line, blank lines blank lines; with ``nbest`` see :func:`format_nbest`.
+    Input must be UTF-8 text: a file is checked whole before anything is translated (a pipe, such as
+    bash's ``<(...)``, is read once, as it comes, like stdin), and a bad line (or one longer than the
+    model's longest input) raises ``ValueError`` naming the file and line.
+    An output file that exists is refused (``FileExistsError``) unless ``overwrite``; the output is
+    written under a temporary name beside it and renamed into place when every line is translated,
+    so it is complete or absent (an old one stays as it was) — never partial. Returns the number of
+    lines translated.
+    """
+    if chunk_lines < 1:
+        raise ValueError(f"--buffer_size must be at least 1 line, got {chunk_lines}.")
+    from_stdin, to_stdout = source in (None, "-"), output in (None, "-")
+    if not to_stdout:
+        refuse_to_replace(output, overwrite, "--output_file", kind="file", inputs=[source])
+    name = "<stdin>" if from_stdin else str(source)
+    streamed = from_stdin or not check_input_file(source)  # read once, as it comes
+    if not streamed:
+        with open(source, "rb") as handle:
+            for _ in text_lines(handle, name):  # fail before hours of translation, not after
+                pass
+    count = 0
+    with contextlib.ExitStack() as stack:
+        in_stream = (
+            getattr(sys.stdin, "buffer", sys.stdin) if from_stdin else stack.enter_context(open(source, "rb"))
+        )
+        out_stream = sys.stdout if to_stdout else stack.enter_context(atomic_file(output))
+        lines = text_lines(in_stream, name)
+        buffers = _buffers(lines, chunk_lines, pause) if streamed else _chunks(lines, chunk_lines)
+        for chunk in buffers:
+            try:
+                translated = translate_nbest(
+                    model, tokenizer, chunk, options, batch_size, device, generate_kwargs, nbest, max_tokens
+                )
+            except InputTooLongError as err:
+                raise InputTooLongError(
+                    count + err.index, err.length, err.limit, f"{name}, line {count + err.index + 1}"
+                ) from None
+            for index, hypotheses in enumerate(translated, start=count):
+                if nbest is None:
+                    out_stream.write((hypotheses[0].text if hypotheses else "") + "\n")
+                else:
+                    out_stream.write(format_nbest(index, hypotheses))
+            out_stream.flush()
+            count += len(chunk)
+    return count
+
+
+def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+_END = object()
+
+
+def _buffers(items: Iterator[str], size: int, pause: float) -> Iterator[list[str]]:
+    """Like :func:`_chunks`, and also yield what has arrived when no item comes for ``pause`` seconds.
+
+    A daemon thread reads ``items`` (it blocks on a terminal or pipe) into a bounded queue; an error
+    while reading (bad UTF-8) is raised here, after the lines before it.
+    """
+    arrived: queue.Queue[tuple[object, BaseException | None]] = queue.Queue(maxsize=2 * size)
+
+    def read() -> None:
+        try:
+            for item in items:
+                arrived.put((item, None))
+        except Exception as err:  # handed to the consumer, which raises it
+            arrived.put((_END, err))
+            return
+        arrived.put((_END, None))
+
+    threading.Thread(target=read, name="hf_vanilla-stdin", daemon=True).start()
+    buffer: list[str] = []
+    while True:
+        try:
+            item, error = arrived.get(timeout=pause if buffer else None)
+        except queue.Empty:  # the input paused: translate what is there
+            yield buffer
+            buffer = []
+            continue
+        if item is _END:
+            if buffer:
+                yield buffer
+            if error is not None:
+                raise error
+            return
+        buffer.append(item)
+        if len(buffer) == size:
+            yield buffer
+            buffer = []

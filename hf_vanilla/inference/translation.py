@@ -1,0 +1,237 @@
+"""Batched translation with the paper's decoding settings (Vaswani et al., 2017, §6.1).
+
+§6.1: "We used beam search with a beam size of 4 and length penalty α = 0.6 [...]. We set the maximum
+output length during inference to input length + 50, but terminate early when possible."
+
+* **Beam size 4**: ``num_beams=4``.
+* **Maximum output length = input length + 50**, per sentence: the model's ``generate()`` applies
+  it on every call (the 50 is the generation config's ``max_length_offset``), so nothing is passed
+  here; a ``max_new_tokens``/``max_length`` in ``generate_kwargs`` caps it further. "Input length"
+  counts the unpadded source tokens (subwords, with any special token the tokenizer appends); the
+  bound counts generated tokens including ``</s>``.
+* **"Terminate early when possible"**: beam search stops when no running hypothesis can still beat
+  the finished ones: transformers' ``early_stopping="never"``, the default of ``early_stopping``
+  here. ``"true"`` stops as soon as ``num_beams`` hypotheses have finished, ``"false"`` uses HF's
+  heuristic (``benchmarks/early_stopping.py`` compares them).
+* **Length penalty α = 0.6**. The paper's α refers to the GNMT penalty (Wu et al., 2016, Eq. 14)
+  lp(Y) = ((5 + |Y|) / 6)^α, score(Y) = log P(Y | X) / lp(Y). Hugging Face beam search has one fixed
+  formula, score(Y) = log P(Y | X) / |Y|^α, applied inside the search when a hypothesis finishes. Two
+  choices are offered (``length_penalty_type``):
+
+  - ``"hf"`` (default): HF's |Y|^α inside the search. Exact beam search, not the paper's formula.
+  - ``"gnmt"``: the paper's formula as **n-best rescoring**. The search runs with HF's |Y|^α; all
+    ``num_beams`` finished hypotheses are returned, their summed log-probabilities are recovered
+    (``sequences_scores × |Y|^α``, HF's own definition), divided by ((5 + |Y|) / 6)^α, and the best
+    one is kept. It re-ranks the final beam; it does not change which hypotheses the search pruned.
+
+  |Y| counts generated tokens including end-of-sentence (not the decoder start token) in both, as
+  HF and tensor2tensor do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
+
+from hf_vanilla.data.tokenization import check_tokenizer_matches_config
+from hf_vanilla.inference.ctranslate2 import CTranslate2Model
+from hf_vanilla.inference.decoding import (
+    DecodingOptions,
+    Hypothesis,
+    _refuse_non_finite,
+    check_nbest,
+    generate_hypotheses,
+)
+from hf_vanilla.inference.loading import resolve_device
+
+logger = logging.getLogger(__name__)
+
+
+__all__ = [
+    "InputTooLongError",
+    "check_input_length",
+    "format_nbest",
+    "longest_input",
+    "translate",
+    "translate_nbest",
+]
+
+
+def longest_input(model: Any, tokenizer: Any) -> int | None:
+    """The most source tokens the model takes: ``max_position_embeddings`` (the CTranslate2 export's
+    position table; ``generate()`` computes positions for any length but is held to the same limit by
+    :func:`translate`), or for a CTranslate2 model the tokenizer's ``model_max_length`` (set from the
+    model when exported). ``None``: no limit known."""
+    if isinstance(model, CTranslate2Model):
+        limit = tokenizer.model_max_length
+        return int(limit) if limit < VERY_LARGE_INTEGER else None
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+class InputTooLongError(ValueError):
+    """A sentence with more tokens than :func:`longest_input`; ``index`` is its place in the input."""
+
+    def __init__(self, index: int, length: int, limit: int, where: str | None = None) -> None:
+        self.index, self.length, self.limit = index, length, limit
+        where = where or f"sentence {index + 1}"
+        super().__init__(
+            f"{where}: {length} tokens, more than the model's longest input of {limit} tokens "
+            "(its max_position_embeddings, the tokenizer's model_max_length). Split the sentence."
+        )
+
+
+def check_input_length(
+    model: Any, tokenizer: Any, length: int, index: int = 0, where: str | None = None
+) -> None:
+    """Raise :class:`InputTooLongError` (naming ``where``, default "sentence <index + 1>") when ``length``
+    tokens exceed :func:`longest_input`: the one check of the model's length limit that translation,
+    evaluation and the attention plots share."""
+    limit = longest_input(model, tokenizer)
+    if limit is not None and length > limit:
+        raise InputTooLongError(index, length, limit, where)
+
+
+def _batches(
+    order: list[int], lengths: dict[int, int], batch_size: int, max_tokens: int
+) -> Iterator[list[int]]:
+    """Consecutive groups of ``order`` (longest first) of at most ``batch_size`` sentences and, with a
+    ``max_tokens`` budget, at most that many padded tokens (sentences × the group's longest)."""
+    batch: list[int] = []
+    for i in order:
+        if batch and (
+            len(batch) == batch_size or (max_tokens and (len(batch) + 1) * lengths[batch[0]] > max_tokens)
+        ):
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def translate_nbest(
+    model: Any,
+    tokenizer: Any,
+    sentences: Sequence[str] | str,
+    options: DecodingOptions | None = None,
+    batch_size: int = 64,
+    device: str | torch.device | None = None,
+    generate_kwargs: dict[str, Any] | None = None,
+    nbest: int | None = None,
+    max_tokens: int = 0,
+) -> list[list[Hypothesis]] | list[Hypothesis]:
+    """Translate ``sentences`` in batches; per sentence, in input order, its hypotheses: one without
+    ``nbest`` (score ``None``), else the ``nbest`` best with scores, best first (see
+    :func:`generate_hypotheses`). A blank sentence gets no hypothesis (an empty list). A bare string is
+    one sentence: its hypotheses are returned (a list of :class:`Hypothesis`, not a list of lists).
+
+    ``model`` is a transformers model or a :class:`CTranslate2Model` (then ``generate_kwargs`` may only
+    hold ``max_new_tokens``). Batches hold at most ``batch_size`` sentences and, with ``max_tokens``, at
+    most that many padded source tokens. A sentence longer than :func:`longest_input` raises
+    :class:`InputTooLongError` before anything is translated.
+    """
+    if isinstance(sentences, str):  # one sentence, not a sequence of one-character sentences
+        return translate_nbest(
+            model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, nbest, max_tokens
+        )[0]
+    if batch_size < 1:
+        raise ValueError(f"`batch_size` must be a positive integer, got {batch_size}.")
+    if max_tokens < 0:
+        raise ValueError(f"`max_tokens` must be 0 (no budget) or positive, got {max_tokens}.")
+    if tokenizer.pad_token_id is None:
+        raise ValueError(
+            "The tokenizer has no pad token: set tokenizer.pad_token (e.g. '<pad>') before translating."
+        )
+    options = options or DecodingOptions()
+    check_nbest(nbest, options.num_beams)
+    generate_kwargs = dict(generate_kwargs or {})
+    _refuse_non_finite({**asdict(options), **generate_kwargs})
+    ct2 = isinstance(model, CTranslate2Model)
+    check_tokenizer_matches_config(tokenizer, model.config)  # both backends: a CTranslate2Model has one too
+    if ct2:
+        unknown = sorted(set(generate_kwargs) - {"max_new_tokens"})
+        if unknown:
+            raise ValueError(
+                f"The ctranslate2 backend takes no generate() argument other than max_new_tokens: {unknown}."
+            )
+    else:
+        device = resolve_device(device)
+        model.to(device)
+        model.eval()
+
+    results: list[list[Hypothesis]] = [[] for _ in sentences]
+    todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+    if len(todo) < len(sentences):
+        logger.info("%d blank input line(s) give blank output lines", len(sentences) - len(todo))
+    if not todo:
+        return results
+    ids = dict(zip(todo, tokenizer([sentences[i] for i in todo])["input_ids"], strict=True))
+    lengths = {i: len(row) for i, row in ids.items()}
+    for i in todo:
+        check_input_length(model, tokenizer, lengths[i], i)
+    order = sorted(todo, key=lambda i: lengths[i], reverse=True)
+    done = 0
+    for indices in _batches(order, lengths, batch_size, max_tokens):
+        if ct2:
+            outputs = model.generate_hypotheses(
+                tokenizer, [ids[i] for i in indices], options, nbest, generate_kwargs.get("max_new_tokens")
+            )
+        else:
+            batch = tokenizer.pad({"input_ids": [ids[i] for i in indices]}, return_tensors="pt").to(device)
+            outputs = generate_hypotheses(
+                model, batch["input_ids"], batch["attention_mask"], options, nbest, **generate_kwargs
+            )
+        for i, hypotheses in zip(indices, outputs, strict=True):
+            texts = tokenizer.batch_decode([row for row, _ in hypotheses], skip_special_tokens=True)
+            results[i] = [
+                Hypothesis(text.strip(), score) for text, (_, score) in zip(texts, hypotheses, strict=True)
+            ]
+        done += len(indices)
+        logger.debug("translated %d/%d sentences", done, len(order))
+    return results
+
+
+def translate(
+    model: Any,
+    tokenizer: Any,
+    sentences: Sequence[str] | str,
+    options: DecodingOptions | None = None,
+    batch_size: int = 64,
+    device: str | torch.device | None = None,
+    generate_kwargs: dict[str, Any] | None = None,
+    max_tokens: int = 0,
+) -> list[str] | str:
+    """Translate ``sentences`` in batches and return the translations in input order; a bare string is one
+    sentence and gives one string.
+
+    Sentences are sorted by token length so each batch holds similar lengths (less padding), then the
+    original order is restored. Empty or blank lines are not sent to the model and give empty lines.
+    The model is moved to ``device`` (default: CUDA if available) and put in eval mode; a
+    :class:`CTranslate2Model` runs where it was loaded.
+    ``generate_kwargs`` go to ``model.generate`` (e.g. ``max_new_tokens``, which caps the output
+    further than the per-sentence input length + 50 bound, or ``max_length_offset``, which changes
+    the 50). A tokenizer that does not belong to the model (another size or special-token ids) raises
+    ``ValueError`` before anything is translated, as does a sentence longer than the model's longest
+    input (:class:`InputTooLongError`).
+    """
+    if isinstance(sentences, str):
+        return translate(
+            model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, max_tokens
+        )[0]
+    hypotheses = translate_nbest(
+        model, tokenizer, sentences, options, batch_size, device, generate_kwargs, max_tokens=max_tokens
+    )
+    return [best[0].text if best else "" for best in hypotheses]
+
+
+def format_nbest(index: int, hypotheses: list[Hypothesis]) -> str:
+    """The n-best lines of input line ``index`` (0-based), one per hypothesis, best first:
+    ``index<TAB>score<TAB>translation`` (fairseq's H lines without the ``H-``); a blank input line gives
+    one line ``index<TAB><TAB>`` (no score, no translation)."""
+    if not hypotheses:
+        return f"{index}\t\t\n"
+    return "".join(f"{index}\t{hypothesis.score:.4f}\t{hypothesis.text}\n" for hypothesis in hypotheses)

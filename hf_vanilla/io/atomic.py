@@ -1,0 +1,216 @@
+"""Atomic writes: a file or folder is written under a temporary name and renamed into place when
+complete, and nothing that exists is replaced without ``overwrite``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, Literal, TextIO
+
+from hf_vanilla.io.checksums import write_checksums
+
+__all__ = [
+    "OVERWRITE_HELP",
+    "atomic_directory",
+    "atomic_file",
+    "publish_directory",
+    "refuse_to_replace",
+    "save_pretrained_atomic",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# write, then rename
+# --------------------------------------------------------------------------------------------------
+def publish_directory(staged: str | Path, final: str | Path) -> Path:
+    """Move the complete folder ``staged`` to ``final`` (same file system), replacing an old ``final``.
+
+    ``final`` is at every moment either the old complete folder, absent (between two renames), or
+    the new complete folder — never a mixture. Only a folder is replaced: anything else at ``final``
+    (a file, a symbolic link) raises ``FileExistsError`` and stays as it was. Returns ``final``.
+    """
+    staged, final = Path(staged), Path(final)
+    old = None
+    if os.path.lexists(final):
+        found = _kind_of(final)
+        if found != "folder":
+            raise FileExistsError(
+                f"{str(final)!r} is a {found}, not a folder; it was left as it is and nothing was written. "
+                "Choose another path, or move it away first."
+            )
+        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(final, old)
+    os.replace(staged, final)
+    if old is not None:
+        shutil.rmtree(old)
+    _fsync_dir(final.parent)
+    return final
+
+
+def _kind_of(path: Path) -> str:
+    """What ``path`` (which exists) is, in the words of the refusals."""
+    if path.is_symlink():
+        return "symbolic link"
+    if path.is_dir():
+        return "folder"
+    return "file" if path.is_file() else "pipe or device"
+
+
+def refuse_to_replace(
+    path: str | Path,
+    overwrite: bool,
+    what: str = "The output",
+    *,
+    kind: Literal["folder", "file"] = "folder",
+    inputs: Iterable[str | Path | None] = (),
+) -> None:
+    """Check before any work that the command may write the output ``path`` (a ``kind``), or raise.
+
+    Commands call it before doing any work, so a refused run changes nothing and costs nothing. It
+    refuses, whatever ``overwrite`` says: a ``path`` that is or holds one of the command's ``inputs``
+    (replacing it would delete the input; ``None``, ``"-"`` and paths that do not exist locally, such
+    as Hub ids, are skipped), a folder that is or holds the current folder, an existing path of another kind (``--overwrite`` never replaces a file
+    with a folder or the reverse, nor a symbolic link or a pipe), and a file name ending in ``/``.
+    Without ``overwrite`` it raises ``FileExistsError`` if ``path`` exists (an empty folder does not
+    count).
+    """
+    text = str(path)
+    path = Path(path)
+    if kind == "file" and text.endswith(("/", os.sep)):
+        raise IsADirectoryError(
+            f"{what} {text!r} ends with '/', so it names a folder, and a file is written there; nothing was "
+            f"changed. Name the file, e.g. {str(path / 'output.txt')!r}."
+        )
+    _refuse_own_input(path, what, inputs)
+    cwd = Path.cwd()
+    if kind == "folder" and (path.resolve() == cwd or path.resolve() in cwd.parents):
+        raise ValueError(
+            f"{what} {text!r} {'is' if path.resolve() == cwd else 'holds'} the current folder {str(cwd)!r}: "
+            "replacing it would delete what is in it; nothing was changed. Choose a new folder, e.g. "
+            f"{str(path / 'out')!r}."
+        )
+    if os.path.lexists(path):
+        found = _kind_of(path)
+        if found == "symbolic link" and kind == "file" and path.is_file():
+            found = "file"  # the link is replaced by the new file; what it points to stays as it was
+        if found != kind:
+            fix = (
+                "write to stdout ('-') and redirect it"
+                if found == "pipe or device"
+                else f"move the {found} away"
+            )
+            raise FileExistsError(
+                f"{what} {text!r} is a {found}, and this command writes a {kind} there; nothing was changed "
+                f"(--overwrite never replaces a {found} with a {kind}). Choose another path, or {fix}."
+            )
+    if overwrite or not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        return
+    raise FileExistsError(
+        f"{what} {text!r} already exists (a {kind}); nothing was changed. Choose another path, or pass "
+        "--overwrite to replace it."
+    )
+
+
+def _refuse_own_input(output: Path, what: str, inputs: Iterable[str | Path | None]) -> None:
+    resolved = output.resolve()
+    for source in inputs:
+        if source is None or str(source) in ("", "-") or not os.path.lexists(source):
+            continue
+        real = Path(source).resolve()
+        if resolved == real or resolved in real.parents:
+            relation = "is" if resolved == real else "holds"
+            raise ValueError(
+                f"{what} {str(output)!r} {relation} the input {str(source)!r}: writing it would delete the "
+                "input; nothing was changed. Choose an output path outside the input."
+            )
+
+
+@contextlib.contextmanager
+def atomic_file(final: str | Path, binary: bool = False) -> Iterator[TextIO | BinaryIO]:
+    """A file (UTF-8 text, or bytes with ``binary``) written under a temporary name beside ``final``
+    and renamed to ``final`` only if the block succeeds: ``final`` is the old file (or absent) until
+    the new one is complete. Folders made for it are removed again if the block fails."""
+    final = Path(final)
+    with _new_parents(final):
+        staged = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            with staged.open("wb") if binary else staged.open("w", encoding="utf-8") as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(staged, final)
+        finally:
+            staged.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _new_parents(final: Path) -> Iterator[None]:
+    """Make the missing folders above ``final``; remove them again (if still empty) when the block fails,
+    so a failed or interrupted command leaves no trace."""
+    made = [parent for parent in final.parents if not parent.exists()]
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        for parent in made:  # innermost first
+            with contextlib.suppress(OSError):  # not empty: something else wrote there meanwhile
+                parent.rmdir()
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    if hasattr(os, "O_DIRECTORY"):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_directory(final: str | Path, *, checksums: bool = False) -> Iterator[Path]:
+    """Write a folder under a temporary name and rename it to ``final`` only if the block succeeds.
+
+    ``with atomic_directory(out) as tmp: model.save_pretrained(tmp)`` leaves ``out`` untouched (old
+    contents, or absent) if saving fails or the process dies; on success ``out`` holds exactly what
+    was written to ``tmp`` (plus ``checksums.sha256`` with ``checksums=True``); folders made above
+    ``out`` are removed again on failure.
+    """
+    final = Path(final)
+    with _new_parents(final):
+        staged = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+        staged.mkdir()
+        try:
+            yield staged
+            if checksums:
+                write_checksums(staged)
+            publish_directory(staged, final)
+        finally:
+            if staged.exists():
+                shutil.rmtree(staged)
+
+
+def save_pretrained_atomic(folder: str | Path, *objects: Any, checksums: bool = False, **kwargs: Any) -> Path:
+    """``obj.save_pretrained(folder, **kwargs)`` for each object (model, tokenizer, generation config)
+    into a temporary folder renamed to ``folder`` when all are written (:func:`atomic_directory`)."""
+    if not objects:
+        raise ValueError(
+            "Nothing to save: pass a model (and optionally a tokenizer) to save_pretrained_atomic."
+        )
+    with atomic_directory(folder, checksums=checksums) as staged:
+        for obj in objects:
+            obj.save_pretrained(staged, **kwargs)
+    return Path(folder)
+
+
+#: Help text of every command's ``--overwrite`` flag.
+OVERWRITE_HELP = (
+    "Replace an existing output of the same kind (a folder with a folder, a file with a file). Without it an "
+    "existing output is never touched: the command stops first. An output that is or holds an input is "
+    "always refused. Either way the output is written under a temporary name and moved into place only "
+    "when complete."
+)

@@ -1,0 +1,43 @@
+"""What a damaged or unsafe checkpoint raises, and the hint every such message ends with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "CheckpointError",
+    "ConfigMismatchError",
+    "CorruptCheckpointError",
+    "NonFiniteWeightsError",
+    "UnsafeCheckpointError",
+    "damaged_file_hint",
+]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or model folder that must not be loaded; the message names the file."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A file is truncated, damaged, or missing: the folder was not written completely."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A pickled file would run code (import something other than plain tensor data) when loaded."""
+
+
+class NonFiniteWeightsError(CheckpointError):
+    """Weights hold NaN or infinity (a diverged run): the model would translate into blank lines."""
+
+
+class ConfigMismatchError(CheckpointError):
+    """``config.json`` describes another model than the weights hold (keys missing, unexpected or of
+    another shape)."""
+
+
+def damaged_file_hint(path: Path) -> str:
+    return (
+        " The file was probably cut short when a run was killed while saving, or damaged on disk. Resume "
+        "from an earlier checkpoint (hf_vanilla.training.checkpoints.last_complete_checkpoint finds the newest whole "
+        f"one), or delete {str(path.parent)!r}."
+    )

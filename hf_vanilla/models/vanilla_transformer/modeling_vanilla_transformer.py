@@ -1,0 +1,1099 @@
+"""The original Transformer: Vaswani et al. (2017), "Attention Is All You Need", arXiv:1706.03762.
+
+The file follows the paper: decoder inputs from targets and §3.5 positional encoding, §3.2.1 Eq. (1)
+attention, §3.2.2 multi-head attention, the §3.2.3 masks, §3.3 Eq. (2) feed-forward network, §3.1
+encoder and decoder layers and stacks with §3.4 embeddings, the model, the pre-softmax projection,
+and at the end the §5.4 loss. §6.1 decoding (beam search, the source + 50 length bound) is in the
+sibling :mod:`generation_vanilla_transformer`. It imports only torch, transformers and the package's
+own flat sibling modules (the config, :mod:`fast_paths`, the generation file and
+:mod:`saving_vanilla_transformer`, whose ``save_pretrained`` writes the folder's ``auto_map``), so a
+folder saved after ``register_for_auto_class`` loads with ``trust_remote_code=True`` where hf_vanilla is not installed.
+
+CPU speed-ups are not here: attention reaches its kernel through transformers' attention interface
+(this file's ``ATTENTION_FUNCTIONS``, whose SDPA entry may pick the eager kernel for CPU decoding
+steps), and the layers call :mod:`fast_paths` (``fast_linear(self.q_proj, x)`` where
+a stock model writes ``self.q_proj(x)``, ``fast_dropout(x, p, training)`` for ``F.dropout``, …),
+whose every function computes what its stock fallback computes and takes the fallback wherever it
+was not measured or would be visible (GPUs, autocast, compile, TorchScript, ``torch.func``,
+quantized or hooked layers). ``HF_VANILLA_FAST_PATHS=0`` turns them all off.
+
+Deviations from the paper (each a deliberate, documented choice):
+
+1. Initialisation is not specified by the paper. Embeddings (shared with the pre-softmax projection)
+   are drawn from N(0, d_model^-0.5), so that after the √d_model scaling of §3.4 they have unit
+   variance, the same scale as the positional encoding; every other linear layer is Xavier-uniform
+   with zero bias (as tensor2tensor and fairseq do); LayerNorm starts at γ = 1, β = 0. The embedding
+   row of the padding token is zero. ``config.init_std`` overrides the embedding standard deviation.
+2. Decoding starts from ``decoder_start_token_id`` (by default the ``<s>`` token) and stops at
+   ``</s>``; the paper does not name its start symbol.
+3. The maximum output length of §6.1 (input length + 50) is applied per sentence: a row holds at
+   most its own (unpadded) source length + 50 generated tokens, its ``</s>`` included (the 50 is the
+   generation config's ``max_length_offset``).
+4. Label smoothing (§5.4) is computed in the model's loss (``config.label_smoothing``) so that its
+   normalisation under gradient accumulation and data parallelism is the same as the plain loss.
+5. Padding: the paper does not discuss it. Keys that are padding are masked in every attention; a
+   query row whose keys are all padding attends uniformly instead (its output is never used), so
+   fully padded rows stay finite in every precision.
+6. Options, all off by default, that let trained OPUS-MT (Marian) and fairseq (FSMT) checkpoints
+   run unchanged (``hf_vanilla.interop.convert``): sin/cos in two halves instead of interleaved
+   (``position_encoding_layout``), tensor2tensor's frequencies (``position_encoding_timescales``),
+   positions starting at ``position_offset``, a fixed bias on the logits (``final_logits_bias``),
+   separate source and target vocabularies (``share_encoder_decoder_embeddings``,
+   ``decoder_vocab_size``); together with the existing ``activation_function`` (swish/GELU),
+   ``scale_embedding`` (no √d_model), ``attention_bias`` and ``tie_word_embeddings``.
+7. The length penalty α = 0.6 of §6.1 is applied as transformers' beam search does,
+   log P(Y | X) / |Y|^α; the paper cites GNMT's ((5 + |Y|) / 6)^α, which ``hf_vanilla.inference.translation``
+   offers as n-best rescoring (``length_penalty_type="gnmt"``).
+
+Shape notation: B batch, S source length, T target length (new tokens in this call), P cached
+target length, K key length, D = d_model, H heads, Dh = D / H per-head width, F = d_ff, V vocabulary.
+
+Mask semantics (all masks are built in :func:`build_attention_mask`):
+* ``attention_mask`` given by the user (HF convention): ``1`` = real token, ``0`` = padding.
+* Internally: a boolean tensor broadcastable to (B, H, T, K), ``True`` = may attend (SDPA's
+  convention; ``torch.nn.MultiheadAttention`` uses the opposite), or ``None`` when nothing needs
+  masking (no padding; causality, if any, done by SDPA's ``is_causal`` path).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import AttentionInterface
+from transformers.utils import logging
+from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils.generic import can_return_tuple
+from transformers.utils.loading_report import LoadStateDictInfo
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .fast_paths import attention_interface as fast_attention_interface
+from .fast_paths import dropout as fast_dropout
+from .fast_paths import linear as fast_linear
+from .fast_paths import linear_cross_entropy as fast_linear_cross_entropy
+from .fast_paths import update_self_attention_cache
+from .generation_vanilla_transformer import VanillaTransformerGenerationMixin
+from .saving_vanilla_transformer import VanillaTransformerSavingMixin
+
+logger = logging.get_logger(__name__)
+
+#: Set to ``1`` to check token ids against the vocabulary on every device. On the CPU the check is
+#: always made (it costs nothing there); elsewhere it reads the ids back to the host, a sync per
+#: forward, so it is off unless asked for (an id out of range then fails inside the embedding).
+CHECK_TOKEN_IDS = "HF_VANILLA_CHECK_TOKEN_IDS"
+#: ... read once, when the model is imported (never inside ``forward``).
+_CHECK_TOKEN_IDS_EVERYWHERE = os.environ.get(CHECK_TOKEN_IDS) == "1"
+
+
+# --------------------------------------------------------------------------------------------------
+# Decoder inputs from targets (teacher forcing, §3.1: "the output embeddings are offset by one
+# position"), and §3.5 positional encoding
+# --------------------------------------------------------------------------------------------------
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs from labels: prepend the start token, drop the last label, and turn ignored
+    positions (-100) into padding. (B, T) → (B, T)."""
+    start = labels.new_full((*labels.shape[:-1], 1), decoder_start_token_id)
+    shifted = torch.cat((start, labels[..., :-1]), dim=-1)
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def sinusoidal_position_encoding(
+    positions: torch.Tensor,
+    d_model: int,
+    dtype: torch.dtype = torch.float32,
+    layout: str = "interleaved",
+    timescales: str = "paper",
+) -> torch.Tensor:
+    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+
+    Args:
+        positions: (..., L) integer positions.
+        layout: ``"interleaved"`` (the paper) or ``"halves"``: sines in dimensions [0, D/2), cosines
+            in [D/2, D) (deviation 6, for imported checkpoints).
+        timescales: ``"paper"`` or ``"tensor2tensor"``: 10000^(-i/(D/2 - 1)) instead of 10000^(-2i/D)
+            as the i-th frequency (deviation 6).
+    Returns:
+        (..., L, D) encodings, by default sine on even and cosine on odd dimensions (the paper's
+        layout), computed in float32 and cast to ``dtype``.
+    """
+    i = torch.arange(d_model // 2, device=positions.device, dtype=torch.float32)  # (D/2,)
+    denominator = d_model / 2 if timescales == "paper" else d_model / 2 - 1
+    inv_freq = torch.exp(i * (-math.log(10000.0) / denominator))  # 10000^(-2i/D) in the paper
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # (..., L, D/2)
+    if layout == "halves":
+        return torch.cat((angles.sin(), angles.cos()), dim=-1).to(dtype)  # (..., L, D)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)  # (..., L, D)
+
+
+class VanillaTransformerPositionalEncoding(nn.Module):
+    """§3.5 sinusoidal positional encoding, computed for any length on the fly.
+
+    Nothing is stored: the encoding is a pure function of the position, so a model built on the meta
+    device by ``from_pretrained`` cannot end up with an uninitialised table, and inputs longer than
+    ``max_position_embeddings`` are encoded with the same closed form.
+    """
+
+    def __init__(
+        self, d_model: int, layout: str = "interleaved", timescales: str = "paper", offset: int = 0
+    ) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.layout = layout  # deviation 6 options (imported checkpoints)
+        self.timescales = timescales
+        self.offset = offset  # the position of the first token: 0 in the paper
+
+    @classmethod
+    def from_config(cls, config: VanillaTransformerConfig) -> VanillaTransformerPositionalEncoding:
+        return cls(
+            config.d_model,
+            layout=config.position_encoding_layout,
+            timescales=config.position_encoding_timescales,
+            offset=config.position_offset,
+        )
+
+    def forward(
+        self, seq_len: int, past_len: int | torch.Tensor, device: torch.device, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """(L, D) encodings of positions past_len … past_len + L − 1 (``past_len`` is a 0-d tensor
+        for a static cache, so that compiled decoding does not specialise on it)."""
+        positions = torch.arange(seq_len, device=device) + (past_len + self.offset)  # (L,)
+        return sinusoidal_position_encoding(positions, self.d_model, dtype, self.layout, self.timescales)
+
+
+# --------------------------------------------------------------------------------------------------
+# §3.2.1 Scaled dot-product attention, §3.2.2 multi-head attention
+# --------------------------------------------------------------------------------------------------
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """§3.2.1 Eq. (1): Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V.
+
+    Args:
+        query: (B, H, T, Dh); key, value: (B, H, K, Dh); attention_mask: boolean, True = attend,
+            None = attend to every key (the decoder always gives this kernel its causal mask).
+    Returns:
+        (B, T, H, Dh) output and (B, H, T, K) attention probabilities.
+    """
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, T, K)
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = F.dropout(probs, p=dropout, training=module.training)
+    output = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, H, Dh)
+    return output, probs
+
+
+def sdpa_or_eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Eq. (1) for ``attn_implementation="sdpa"``: transformers' SDPA kernel, except where the
+    attention weights are asked for (``output_attentions=True``; SDPA computes none) or where
+    :func:`fast_paths.attention_interface` picks the eager kernel (CPU decoding steps): then
+    :func:`eager_attention_forward`, which computes the same attention and returns its weights."""
+    if kwargs.get("output_attentions"):
+        kernel: Callable = eager_attention_forward
+    else:
+        kernel = fast_attention_interface(
+            sdpa_attention_forward, eager_attention_forward, module, query, attention_mask
+        )
+    return kernel(module, query, key, value, attention_mask, **kwargs)
+
+
+#: transformers' attention functions, this model's own entry for SDPA (transformers' extension point
+#: for a model that overrides a kernel locally: its own ``AttentionInterface`` instance).
+ATTENTION_FUNCTIONS = AttentionInterface()
+ATTENTION_FUNCTIONS["sdpa"] = sdpa_or_eager_attention_forward
+
+
+class VanillaTransformerAttention(nn.Module):
+    """§3.2.2 multi-head attention: MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O with
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V); the h per-head projections are stored as one
+    (D, D) matrix each (``q_proj``, ``k_proj``, ``v_proj``) and W^O is ``out_proj``.
+
+    Used three ways (§3.2.3): encoder self-attention, masked decoder self-attention (``is_causal``)
+    and encoder-decoder attention, where queries come from the decoder and keys and values from the
+    output of the last encoder layer (``key_value_states``), each through its own projection.
+    """
+
+    def __init__(
+        self,
+        config: VanillaTransformerConfig,
+        num_heads: int,
+        is_causal: bool = False,
+        layer_idx: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.num_heads = num_heads
+        self.head_dim = config.d_model // num_heads
+        self.scaling = self.head_dim**-0.5  # 1 / √d_k
+        self.is_causal = is_causal
+        self.layer_idx = layer_idx
+        self.dropout = config.attention_dropout
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.k_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.v_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.out_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: EncoderDecoderCache | None = None,
+        **kwargs: object,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states (B, T, D) → (B, T, D) and the (B, H, T, K) attention weights when the kernel
+        returns them (``output_attentions=True`` in ``kwargs``); key_value_states (B, S, D) for
+        cross-attention.
+
+        Cross-attention also accepts key_value_states with B / k rows when the decoder runs k hypotheses
+        per sentence (beam search, see ``_expand_inputs_for_generation``): the k·T queries of one
+        sentence attend to its keys together, so K/V are projected, cached and read once per sentence.
+        """
+        batch, length, _ = hidden_states.shape
+        is_cross = key_value_states is not None
+        query = fast_linear(self.q_proj, hidden_states)  # (B, T, D)
+
+        if is_cross and cache is not None and cache.is_updated.get(self.layer_idx):
+            # The encoder output does not change during decoding: its K/V were computed at step 1.
+            layer_cache = cache.cross_attention_cache.layers[self.layer_idx]
+            key, value = layer_cache.keys, layer_cache.values
+        else:
+            source = key_value_states if is_cross else hidden_states  # (B, K, D)
+            kv_shape = (source.shape[0], source.shape[1], self.num_heads, self.head_dim)
+            key = fast_linear(self.k_proj, source).view(kv_shape).transpose(1, 2)  # (B, H, K, Dh)
+            value = fast_linear(self.v_proj, source).view(kv_shape).transpose(1, 2)
+            if cache is not None and is_cross:
+                key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+                cache.is_updated[self.layer_idx] = True
+            elif cache is not None:
+                key, value = update_self_attention_cache(
+                    cache.self_attention_cache, key, value, self.layer_idx
+                )
+        groups = batch // key.shape[0]  # hypotheses per sentence; 1 except in grouped cross-attention
+        query = query.view(batch // groups, groups * length, self.num_heads, self.head_dim).transpose(1, 2)
+
+        attention_interface: Callable = ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        if attention_mask is not None and attention_mask.device != query.device:  # model parallelism
+            attention_mask = attention_mask.to(query.device)
+        output, weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        output = output.reshape(batch, length, -1)  # Concat(head_1, …, head_h): (B, T, D)
+        if weights is not None and groups > 1:  # (B/k, H, k·T, K) → (B, H, T, K)
+            weights = weights.unflatten(2, (groups, length)).transpose(1, 2).flatten(0, 1)
+        return fast_linear(self.out_proj, output), weights
+
+
+# --------------------------------------------------------------------------------------------------
+# §3.2.3 Masks ("masking out ... illegal connections", and padding): the one place where they are
+# built (see the module docstring for their polarity)
+# --------------------------------------------------------------------------------------------------
+def build_attention_mask(
+    padding_mask: torch.Tensor | None,
+    query_length: int,
+    key_length: int,
+    causal: bool,
+    past_length: int | torch.Tensor = 0,
+    materialize_causal: bool = False,
+    device: torch.device | None = None,
+) -> torch.Tensor | None:
+    """Build the boolean attention mask, ``True`` = may attend, broadcastable to (B, H, T, K), on
+    ``device`` (the inputs' device; once per forward, shared by every layer).
+
+    Args:
+        padding_mask: (B, K') HF mask, 1 = real key, 0 = padding key, K' ≤ K (keys past K' are
+            positions of a static cache not yet written, masked by causality); ``None`` = no padding;
+            or a prepared (B, 1, T, K) mask, used as it is.
+        query_length: T, the number of queries in this call.
+        key_length: K, the number of keys: P + T for decoder self-attention with a growing cache,
+            the cache's capacity with a static one, S otherwise.
+        causal: query t (at absolute position P + t) may attend only to keys at positions ≤ P + t
+            (§3.2.3: "masking out ... all values ... which correspond to illegal connections").
+        past_length: P, the number of cached decoder positions (a 0-d tensor for a static cache).
+        materialize_causal: build the causal part as a tensor even where SDPA's ``is_causal`` could
+            do it (needed by the eager kernel).
+
+    Returns ``None`` when nothing needs masking: no padding and either no causality, or causality
+    that needs no mask (a single query over exactly its past) or that SDPA applies itself (T == K).
+    A query row with no key left to attend to (a fully padded sentence) is unmasked entirely, so
+    that softmax stays finite. Whether a padding mask has any padding is checked only where that is
+    a free read (:func:`_readable`); elsewhere (GPUs, compilation) the mask is always built.
+    """
+    if padding_mask is not None and padding_mask.dim() == 4:
+        # Already a (B, 1, T, K) mask, causality included (``generate()`` builds one for a static
+        # cache): boolean True = attend, or additive (0 = attend, a large negative = masked).
+        mask = padding_mask if padding_mask.dtype == torch.bool else padding_mask == 0
+        return mask | ~mask.any(dim=-1, keepdim=True)
+    if padding_mask is not None and _readable(padding_mask) and bool(padding_mask.all()):
+        padding_mask = None
+    exact_keys = isinstance(past_length, int) and key_length == past_length + query_length
+    if padding_mask is None and (
+        not causal or (exact_keys and (query_length == 1 or (past_length == 0 and not materialize_causal)))
+    ):
+        return None
+    device = padding_mask.device if padding_mask is not None else device
+    mask = None
+    if padding_mask is not None:
+        if padding_mask.shape[-1] < key_length:  # a static cache's unwritten positions
+            padding_mask = F.pad(padding_mask, (0, key_length - padding_mask.shape[-1]), value=1)
+        mask = padding_mask[:, None, None, :].to(torch.bool)  # (B, 1, 1, K)
+    if causal:
+        q_pos = torch.arange(query_length, device=device) + past_length
+        k_pos = torch.arange(key_length, device=device)
+        causal_mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, K)
+        mask = causal_mask if mask is None else mask & causal_mask  # (B, 1, T, K)
+    # Rows with nothing to attend to (all keys padding) attend to everything instead.
+    return mask | ~mask.any(dim=-1, keepdim=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# §3.3 Position-wise feed-forward network, §3.1 encoder and decoder layers
+# --------------------------------------------------------------------------------------------------
+class _PostLNSublayers(GradientCheckpointingLayer):
+    """What the encoder and decoder layers share: the residual connection around each sub-layer with
+    post-LN, and the §3.3 feed-forward network."""
+
+    dropout: float
+    activation_dropout: float
+
+    def _add_and_norm(
+        self, residual: torch.Tensor, sublayer_output: torch.Tensor, norm: nn.LayerNorm
+    ) -> torch.Tensor:
+        """§3.1 and §5.4: LayerNorm(x + Dropout(Sublayer(x))), the normalisation after the add."""
+        return norm(residual + fast_dropout(sublayer_output, self.dropout, self.training))
+
+    def _ff_block(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """§3.3 Eq. (2): FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (``fc1``, ``fc2``), (…, D) → (…, D)
+        through (…, F). ``activation_dropout`` (0 in the paper) is for imported checkpoints."""
+        hidden_states = self.activation_fn(fast_linear(self.fc1, hidden_states))  # (…, F)
+        hidden_states = fast_dropout(hidden_states, self.activation_dropout, self.training)
+        return fast_linear(self.fc2, hidden_states)
+
+
+class VanillaTransformerEncoderLayer(_PostLNSublayers):
+    """§3.1 encoder layer: x = LayerNorm(x + Dropout(SelfAttention(x))); then
+    x = LayerNorm(x + Dropout(FFN(x))). Post-LN as in the paper."""
+
+    def __init__(self, config: VanillaTransformerConfig) -> None:
+        super().__init__()
+        self.self_attn = VanillaTransformerAttention(config, config.encoder_attention_heads)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
+        self.fc1 = nn.Linear(config.d_model, config.encoder_ffn_dim)
+        self.fc2 = nn.Linear(config.encoder_ffn_dim, config.d_model)
+        self.final_layer_norm = nn.LayerNorm(config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.dropout = config.dropout
+        self.activation_dropout = config.activation_dropout
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> tuple[torch.Tensor]:
+        """(B, S, D) → (B, S, D), in a tuple as transformers' layers return it."""
+        attended, _ = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
+        hidden_states = self._add_and_norm(hidden_states, attended, self.self_attn_layer_norm)
+        hidden_states = self._add_and_norm(
+            hidden_states, self._ff_block(hidden_states), self.final_layer_norm
+        )
+        return (hidden_states,)
+
+
+class VanillaTransformerDecoderLayer(_PostLNSublayers):
+    """§3.1 decoder layer: masked self-attention, encoder-decoder attention and the FFN, each
+    followed by Dropout, the residual add and LayerNorm (post-LN)."""
+
+    def __init__(self, config: VanillaTransformerConfig, layer_idx: int) -> None:
+        super().__init__()
+        heads = config.decoder_attention_heads
+        self.self_attn = VanillaTransformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
+        self.encoder_attn = VanillaTransformerAttention(config, heads, layer_idx=layer_idx)
+        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model)
+        self.fc1 = nn.Linear(config.d_model, config.decoder_ffn_dim)
+        self.fc2 = nn.Linear(config.decoder_ffn_dim, config.d_model)
+        self.final_layer_norm = nn.LayerNorm(config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.dropout = config.dropout
+        self.activation_dropout = config.activation_dropout
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: EncoderDecoderCache | None = None,
+        **kwargs: object,
+    ) -> tuple[torch.Tensor]:
+        """(B, T, D) and encoder output (B, S, D) → (B, T, D), in a tuple."""
+        attended, _ = self.self_attn(hidden_states, attention_mask=attention_mask, cache=cache, **kwargs)
+        hidden_states = self._add_and_norm(hidden_states, attended, self.self_attn_layer_norm)
+        attended, _ = self.encoder_attn(
+            hidden_states,
+            key_value_states=encoder_hidden_states,
+            attention_mask=encoder_attention_mask,
+            cache=cache,
+            **kwargs,
+        )
+        hidden_states = self._add_and_norm(hidden_states, attended, self.encoder_attn_layer_norm)
+        hidden_states = self._add_and_norm(
+            hidden_states, self._ff_block(hidden_states), self.final_layer_norm
+        )
+        return (hidden_states,)
+
+
+# --------------------------------------------------------------------------------------------------
+# The pre-trained model base: initialisation (deviation 1) and HF capabilities
+# --------------------------------------------------------------------------------------------------
+class VanillaTransformerPreTrainedModel(VanillaTransformerSavingMixin, PreTrainedModel):
+    """Weight initialisation and the capabilities declared to transformers."""
+
+    config_class = VanillaTransformerConfig
+    config: VanillaTransformerConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["VanillaTransformerEncoderLayer", "VanillaTransformerDecoderLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    _can_compile_fullgraph = True  # a static cache and torch.compile(fullgraph=True) decoding
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Deviation 1: N(0, d_model^-0.5) embeddings (and untied output projection), Xavier-uniform
+        linear layers with zero bias, LayerNorm γ = 1, β = 0."""
+        std = self.config.init_std if self.config.init_std is not None else self.config.d_model**-0.5
+        if isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
+            init.normal_(module.weight, mean=0.0, std=std)
+            padding_idx = getattr(module, "padding_idx", None)
+            if padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[padding_idx])
+        elif isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        if isinstance(getattr(module, "final_logits_bias", None), torch.Tensor):
+            init.zeros_(module.final_logits_bias)  # deviation 6 (Marian's bias), zero unless loaded
+
+    def mark_tied_weights_as_initialized(self, loading_info: LoadStateDictInfo) -> None:
+        """``PreTrainedModel.mark_tied_weights_as_initialized``, keeping a tie's missing source missing.
+
+        While loading, transformers flags every tied *target* (``encoder.embed_tokens.weight``, ...)
+        as initialised; here a target is the very Parameter of its source (``shared.weight``), so the
+        source is flagged too, and for a model outside transformers every flagged key is then dropped
+        from the missing keys. A checkpoint without the embedding would leave ``shared.weight``
+        unreported, never initialised and on the meta device. A source that no checkpoint key loaded
+        stays missing: it is reported as Marian reports it, moved off the meta device and initialised.
+        """
+        unloaded_sources = {
+            key
+            for key in set(self.all_tied_weights_keys.values()) & loading_info.missing_keys
+            if not getattr(self.get_parameter_or_buffer(key), "_is_hf_initialized", False)
+        }
+        super().mark_tied_weights_as_initialized(loading_info)
+        loading_info.missing_keys |= unloaded_sources
+
+
+# --------------------------------------------------------------------------------------------------
+# §3.1 The encoder and decoder stacks, §3.4 embeddings
+# --------------------------------------------------------------------------------------------------
+def _readable(tensor: torch.Tensor) -> bool:
+    """Whether the values of ``tensor`` can be read on the host for free: a CPU tensor outside
+    ``torch.compile``, TorchScript tracing and ``torch.func`` transforms. Checks that read values
+    (is there padding? are the ids in the vocabulary?) run only then, so that no other path has a
+    host sync or data-dependent control flow."""
+    return (
+        tensor.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+        and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
+    )
+
+
+def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> None:
+    """Raise a clear error for ids outside [0, V) instead of an index error deep inside torch: on
+    the CPU always (outside compilation and transforms), elsewhere only with
+    ``HF_VANILLA_CHECK_TOKEN_IDS=1`` at import (it needs a host sync)."""
+    if input_ids.numel() == 0:
+        raise ValueError(
+            f"`{name}` is empty (shape {tuple(input_ids.shape)}): give at least one row of at least one token."
+        )
+    if not (_readable(input_ids) or (_CHECK_TOKEN_IDS_EVERYWHERE and not torch.compiler.is_compiling())):
+        return
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"`{name}` contains token id {high if high >= vocab_size else low}, outside the vocabulary "
+            f"[0, {vocab_size}). Use the tokenizer the model was trained with, or resize the embeddings "
+            "with `model.resize_token_embeddings(len(tokenizer))`."
+        )
+
+
+def _check_labels(labels: torch.Tensor, vocab_size: int) -> None:
+    """Raise a clear error for labels outside [0, V) other than -100 (ignored), instead of an index
+    error inside the loss. It reads the values, so the caller runs it only where that is free
+    (:func:`_readable`)."""
+    if labels.numel() == 0:
+        return
+    bad = labels[(labels != -100) & ((labels < 0) | (labels >= vocab_size))]
+    if bad.numel():
+        raise ValueError(
+            f"`labels` contain token id {int(bad[0])}, outside the vocabulary [0, {vocab_size}) (-100 marks "
+            "ignored positions). Tokenize the targets with the tokenizer the model was trained with."
+        )
+
+
+class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
+    """§3.1 encoder: N identical layers over Dropout(√d_model · Embedding(x) + PE) (§3.4, §3.5, §5.4).
+    There is no final LayerNorm: the last layer's post-LN output is the encoder output.
+
+    ``output_hidden_states`` / ``output_attentions`` are recorded by transformers' output-capturing
+    hooks (``_can_record_outputs``), as in its own models: each layer's output, the embedding output
+    first, and each self-attention's weights."""
+
+    _can_record_outputs = {
+        "hidden_states": VanillaTransformerEncoderLayer,
+        "attentions": VanillaTransformerAttention,
+    }
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding) -> None:
+        super().__init__(config)
+        self.embed_tokens = embed_tokens
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_positions = VanillaTransformerPositionalEncoding.from_config(config)
+        self.layers = nn.ModuleList(
+            [VanillaTransformerEncoderLayer(config) for _ in range(config.encoder_layers)]
+        )
+        self.dropout = config.dropout
+        self.post_init()
+
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> BaseModelOutput:
+        """input_ids (B, S) → last_hidden_state (B, S, D); ``hidden_states[0]`` is the embedding output."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Give exactly one of `input_ids` or `inputs_embeds` to the encoder.")
+        if input_ids is not None:
+            _check_token_ids(input_ids, self.embed_tokens.num_embeddings, "input_ids")
+            inputs_embeds = self.embed_tokens(input_ids)
+        hidden_states = inputs_embeds * self.embed_scale  # (B, S, D)
+        hidden_states = hidden_states + self.embed_positions(
+            hidden_states.shape[1], 0, hidden_states.device, hidden_states.dtype
+        )
+        hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
+        mask = build_attention_mask(
+            attention_mask, hidden_states.shape[1], hidden_states.shape[1], causal=False
+        )
+        kwargs.setdefault("output_attentions", self.config.output_attentions)  # read by the kernel
+        for layer in self.layers:
+            (hidden_states,) = layer(hidden_states, mask, **kwargs)
+        return BaseModelOutput(last_hidden_state=hidden_states)
+
+
+class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
+    """§3.1 decoder: N identical layers over Dropout(√d_model · Embedding(y) + PE), with the
+    self-attention masked so that position i sees only positions ≤ i. No final LayerNorm.
+
+    Hidden states, self-attention and cross-attention weights are recorded by transformers'
+    output-capturing hooks, as for the encoder."""
+
+    _can_record_outputs = {
+        "hidden_states": VanillaTransformerDecoderLayer,
+        "attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="encoder_attn"),
+    }
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding) -> None:
+        super().__init__(config)
+        self.embed_tokens = embed_tokens
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_positions = VanillaTransformerPositionalEncoding.from_config(config)
+        self.layers = nn.ModuleList(
+            [VanillaTransformerDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)]
+        )
+        self.dropout = config.dropout
+        self.post_init()
+
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: object,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        """input_ids (B, T) and encoder output (B, S, D) → last_hidden_state (B, T, D)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(
+                "Give exactly one of `decoder_input_ids` or `decoder_inputs_embeds` to the decoder."
+            )
+        if encoder_hidden_states is None:
+            raise ValueError("The decoder needs `encoder_hidden_states` (the output of the encoder).")
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        # P: an int for a growing cache, a 0-d tensor for a static one
+        past_length = cache.get_seq_length() if cache is not None else 0
+        if input_ids is not None:
+            if cache is None or cache.self_attention_cache.is_compileable or past_length == 0:
+                # generated ids come from the model's own vocabulary; the check skips them
+                _check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids")
+            inputs_embeds = self.embed_tokens(input_ids)
+        hidden_states = inputs_embeds * self.embed_scale  # (B, T, D)
+        length = hidden_states.shape[1]
+        hidden_states = hidden_states + self.embed_positions(
+            length, past_length, hidden_states.device, hidden_states.dtype
+        )
+        hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
+
+        kwargs.setdefault("output_attentions", self.config.output_attentions)  # read by the kernel
+        key_length = (
+            cache.self_attention_cache.get_mask_sizes(length, 0)[0] if cache is not None else length
+        )  # P + T, or a static cache's capacity
+        self_mask = build_attention_mask(
+            attention_mask,
+            length,
+            key_length,
+            causal=True,
+            past_length=past_length,
+            materialize_causal=bool(kwargs["output_attentions"])
+            or self.config._attn_implementation != "sdpa",
+            device=hidden_states.device,
+        )
+        groups = hidden_states.shape[0] // encoder_hidden_states.shape[0]
+        if hidden_states.shape[0] != groups * encoder_hidden_states.shape[0]:
+            raise ValueError(
+                f"The decoder batch ({hidden_states.shape[0]} rows) must be the encoder batch "
+                f"({encoder_hidden_states.shape[0]} rows) or a multiple of it (k hypotheses per sentence, "
+                "consecutive rows); repeat the encoder output with `repeat_interleave` to match."
+            )
+        if (
+            encoder_attention_mask is not None
+            and encoder_attention_mask.shape[0] != encoder_hidden_states.shape[0]
+        ):
+            encoder_attention_mask = encoder_attention_mask[::groups]  # one row per sentence
+        cross_mask = build_attention_mask(
+            encoder_attention_mask, length, encoder_hidden_states.shape[1], causal=False
+        )
+
+        for layer in self.layers:
+            (hidden_states,) = layer(
+                hidden_states,
+                encoder_hidden_states,
+                attention_mask=self_mask,
+                encoder_attention_mask=cross_mask,
+                cache=cache,
+                **kwargs,
+            )
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states, cache=cache if use_cache else None
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# The bare encoder-decoder of Figure 1
+# --------------------------------------------------------------------------------------------------
+class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
+    """The encoder-decoder of Figure 1 without the output projection; one embedding matrix
+    (``shared``) serves source and target (§3.4). With ``share_encoder_decoder_embeddings=False``
+    (deviation 6) ``shared`` is the source embedding and the decoder has its own."""
+
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config: VanillaTransformerConfig) -> None:
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+        target_embeddings = self.shared
+        if not config.share_encoder_decoder_embeddings:
+            target_embeddings = nn.Embedding(
+                config.target_vocab_size, config.d_model, padding_idx=config.pad_token_id
+            )
+            self._tied_weights_keys = {"encoder.embed_tokens.weight": "shared.weight"}
+        self.encoder = VanillaTransformerEncoder(config, self.shared)
+        self.decoder = VanillaTransformerDecoder(config, target_embeddings)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.shared = value
+        self.encoder.embed_tokens = value
+        if self.config.share_encoder_decoder_embeddings:
+            self.decoder.embed_tokens = value
+
+    def get_encoder(self, modality: str | None = None) -> VanillaTransformerEncoder:
+        return self.encoder
+
+    def get_decoder(self) -> VanillaTransformerDecoder:
+        return self.decoder
+
+    @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # as transformers' own models
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple[torch.Tensor, ...] | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs: object,
+    ) -> Seq2SeqModelOutput:
+        """Source (B, S) and decoder inputs (B, T) → decoder output (B, T, D). The old name of
+        ``cache``, ``past_key_values``, still works and gives transformers' deprecation warning."""
+        if cache is not None and not isinstance(cache, EncoderDecoderCache):
+            raise TypeError(
+                f"`cache` must be an EncoderDecoderCache (self- and cross-attention), got {type(cache).__name__}."
+            )
+        output_attentions = (
+            output_attentions if output_attentions is not None else self.config.output_attentions
+        )
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            raise ValueError(
+                "Give `decoder_input_ids` (or `labels` to VanillaTransformerForConditionalGeneration, which "
+                "shifts them right to build the decoder inputs)."
+            )
+        if (
+            encoder_outputs is None
+            and input_ids is not None
+            and decoder_input_ids is not None
+            and torch.is_grad_enabled()
+            and self.encoder.embed_tokens is self.decoder.embed_tokens
+        ):
+            inputs_embeds, decoder_inputs_embeds = self._embed_both(input_ids, decoder_input_ids)
+            input_ids = decoder_input_ids = None
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            cache=decoder_outputs.cache,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+    def _embed_both(
+        self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Source (B, S) and decoder (B, T) ids → their (B, S, D) and (B, T, D) rows of the shared
+        matrix, looked up in one call, so that in training the embeddings give the shared matrix one
+        (V, D) gradient instead of two (then added). Same values and gradients as two lookups."""
+        embed_tokens = self.encoder.embed_tokens  # the decoder's too
+        _check_token_ids(input_ids, embed_tokens.num_embeddings, "input_ids")
+        _check_token_ids(decoder_input_ids, embed_tokens.num_embeddings, "decoder_input_ids")
+        both = embed_tokens(torch.cat([input_ids.reshape(-1), decoder_input_ids.reshape(-1)]))
+        source, target = both.split([input_ids.numel(), decoder_input_ids.numel()])
+        return source.view(*input_ids.shape, -1), target.view(*decoder_input_ids.shape, -1)
+
+
+# --------------------------------------------------------------------------------------------------
+# §3.4 The pre-softmax projection; §5.4 the loss (§6.1 decoding: generation_vanilla_transformer.py)
+# --------------------------------------------------------------------------------------------------
+def smoothed_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> torch.Tensor:
+    """§5.4 label-smoothed cross-entropy, summed over the target tokens whose label is not -100:
+    per token (1 − ε)·(−log p(y)) + ε·(−Σ_v log p(v) / V), i.e. ε/V spread over the whole
+    vocabulary. logits (…, V), labels (…) → a scalar, computed in at least fp32."""
+    logits = logits.reshape(-1, logits.shape[-1])
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(
+        logits, labels.reshape(-1), ignore_index=-100, reduction="sum", label_smoothing=smoothing
+    )
+
+
+class VanillaTransformerForConditionalGeneration(
+    VanillaTransformerPreTrainedModel, VanillaTransformerGenerationMixin, GenerationMixin
+):
+    """The full model of Figure 1: encoder-decoder plus the pre-softmax linear projection, which
+    shares its weight with the embeddings (§3.4), and the training loss (§5.4 label smoothing)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config: VanillaTransformerConfig) -> None:
+        super().__init__(config)
+        self.model = VanillaTransformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.target_vocab_size, bias=False)
+        if not config.share_encoder_decoder_embeddings:  # deviation 6: tie to the target embedding
+            self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+        if config.final_logits_bias:  # deviation 6 (Marian): a fixed bias on the logits
+            self.register_buffer("final_logits_bias", torch.zeros(1, config.target_vocab_size))
+        self.post_init()
+        self._set_paper_generation_defaults()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
+
+    def get_encoder(self, modality: str | None = None) -> VanillaTransformerEncoder:
+        return self.model.encoder
+
+    def get_decoder(self) -> VanillaTransformerDecoder:
+        return self.model.decoder
+
+    def resize_token_embeddings(
+        self,
+        new_num_tokens: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        mean_resizing: bool = True,
+    ) -> nn.Embedding:
+        """``PreTrainedModel.resize_token_embeddings``, as ``MarianMTModel`` does it: with one shared
+        vocabulary (§3.4) the embedding, the output projection and ``final_logits_bias`` (kept
+        entries, new ones 0); with separate vocabularies (``share_encoder_decoder_embeddings=False``,
+        deviation 6) the source embedding only, see :meth:`resize_decoder_token_embeddings`."""
+        if not self.config.share_encoder_decoder_embeddings and self.config.decoder_vocab_size is None:
+            self.config.decoder_vocab_size = self.config.vocab_size  # the target vocabulary keeps its size
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if self.config.share_encoder_decoder_embeddings:
+            self._resize_final_logits_bias(embeddings.num_embeddings)
+        return embeddings
+
+    def _resize_token_embeddings(
+        self, new_num_tokens: int | None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """The source (or shared) embedding, resized in place, so a tied projection follows it; an
+        untied projection over the same, shared vocabulary is resized alongside."""
+        embeddings = self._get_resized_embeddings(
+            self.get_input_embeddings(), new_num_tokens, pad_to_multiple_of, mean_resizing
+        )
+        if self.config.share_encoder_decoder_embeddings and not self.config.tie_word_embeddings:
+            self.lm_head = self._get_resized_lm_head(
+                self.lm_head, embeddings.num_embeddings, mean_resizing=mean_resizing
+            )
+        return embeddings
+
+    def resize_decoder_token_embeddings(
+        self, new_num_tokens: int, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """Resize the target vocabulary of a model with separate vocabularies: the decoder embedding,
+        the output projection (tied to it, or resized alongside) and ``final_logits_bias``, and
+        ``config.decoder_vocab_size`` (``MarianMTModel.resize_decoder_token_embeddings``)."""
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError(
+                "This model has one vocabulary shared by source and target "
+                "(`share_encoder_decoder_embeddings=True`): resize it with `resize_token_embeddings`."
+            )
+        embeddings = self._get_resized_embeddings(
+            self.model.decoder.embed_tokens, new_num_tokens, pad_to_multiple_of, mean_resizing
+        )
+        if not self.config.tie_word_embeddings:
+            self.lm_head = self._get_resized_lm_head(
+                self.lm_head, embeddings.num_embeddings, mean_resizing=mean_resizing
+            )
+        self.config.decoder_vocab_size = embeddings.num_embeddings
+        self.tie_weights()
+        self._resize_final_logits_bias(embeddings.num_embeddings)
+        return embeddings
+
+    def _resize_final_logits_bias(self, new_num_tokens: int) -> None:
+        """Deviation 6 (Marian's bias): follow a resized target vocabulary, new entries 0."""
+        if not self.config.final_logits_bias:
+            return
+        old = self.final_logits_bias  # (1, V)
+        if new_num_tokens <= old.shape[-1]:
+            self.final_logits_bias = old[:, :new_num_tokens].clone()
+        else:
+            self.final_logits_bias = torch.cat([old, old.new_zeros(1, new_num_tokens - old.shape[-1])], dim=1)
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """Used by ``DataCollatorForSeq2Seq``: teacher-forcing inputs from padded labels."""
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # as transformers' own models
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple[torch.Tensor, ...] | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> Seq2SeqLMOutput:
+        """Logits (B, T, V) over the shared vocabulary; with ``labels`` (B, T) also the loss.
+
+        ``labels`` are the target tokens as they are (-100 = ignored); the decoder inputs are built by
+        shifting them right, the labels themselves are not shifted again. The loss is the sum of the
+        (label-smoothed) token cross-entropies divided by ``num_items_in_batch`` when the Trainer
+        passes it (gradient accumulation, several processes), else by this batch's label count.
+        ``past_key_values``, the old name of ``cache``, still works and gives transformers' deprecation
+        warning; the output carries the cache as ``cache`` (``past_key_values`` is its deprecated alias).
+        """
+        if labels is not None:
+            if _readable(labels):
+                _check_labels(labels, self.config.target_vocab_size)
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        hidden_states = outputs.last_hidden_state  # (B, T, D)
+        bias = self.final_logits_bias if self.config.final_logits_bias else None  # (1, V)
+        loss = total = None
+        if labels is not None:
+            labels = labels.to(hidden_states.device)
+            fused = fast_linear_cross_entropy(
+                self.lm_head,
+                hidden_states,
+                None if bias is None else bias.view(-1),
+                labels,
+                self.config.label_smoothing,
+            )
+            if fused is not None:
+                total, logits = fused  # logits (B, T, V)
+        if total is None:
+            logits = fast_linear(self.lm_head, hidden_states)  # (B, T, V): §3.4 the pre-softmax projection
+            if bias is not None:
+                logits = logits + bias
+            if labels is not None:
+                total = smoothed_cross_entropy_sum(logits, labels, self.config.label_smoothing)
+        if total is not None:
+            loss = self._per_token(total, labels, num_items_in_batch)
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+    @staticmethod
+    def _per_token(
+        total: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None
+    ) -> torch.Tensor:
+        """The summed loss divided by ``num_items_in_batch`` (counted by the Trainer over all
+        accumulation steps and processes), or by this batch's label count."""
+        if num_items_in_batch is None:
+            num_items_in_batch = (labels != -100).sum().clamp(min=1)
+        if isinstance(num_items_in_batch, torch.Tensor):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+
+
+__all__ = [
+    "VanillaTransformerForConditionalGeneration",
+    "VanillaTransformerModel",
+    "VanillaTransformerPreTrainedModel",
+]

@@ -1,0 +1,218 @@
+"""The checkpoints of a run folder: which are complete, in step order, rotation, the run's lock, and
+which checkpoint a run resumes from."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hf_vanilla.io.atomic import refuse_to_replace
+from hf_vanilla.io.errors import CheckpointError
+from hf_vanilla.io.safe_loading import checkpoint_folders, verify_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+__all__ = [
+    "STAGING_DIR_NAME",
+    "RunInUseError",
+    "find_complete_checkpoints",
+    "hold_run_dir",
+    "last_complete_checkpoint",
+    "resolve_resume_checkpoint",
+    "rotate_checkpoints_by_step",
+]
+
+#: Folder inside the run directory where checkpoints are written before they are renamed into place.
+STAGING_DIR_NAME = ".incomplete-checkpoints"
+
+
+def _complete_checkpoints(run_dir: str | Path, newest_first: bool, **verify_kwargs: Any) -> Iterator[Path]:
+    """The ``checkpoint-<step>`` folders of ``run_dir`` that pass :func:`verify_checkpoint`, checked one
+    at a time in step order (:func:`checkpoint_folders`) as they are drawn; damaged ones are skipped
+    with a warning saying why."""
+    candidates = checkpoint_folders(Path(run_dir))
+    for path in reversed(candidates) if newest_first else candidates:
+        try:
+            verify_checkpoint(path, **verify_kwargs)
+        except CheckpointError as err:
+            logger.warning("Skipping checkpoint %s: %s", path, err)
+        else:
+            yield path
+
+
+def find_complete_checkpoints(run_dir: str | Path, **verify_kwargs: Any) -> list[Path]:
+    """The ``checkpoint-<step>`` folders of ``run_dir`` that pass :func:`verify_checkpoint`, oldest
+    first by step (``checkpoint-900`` before ``checkpoint-1000``, whatever the file times); damaged
+    ones are skipped with a warning saying why."""
+    return list(_complete_checkpoints(run_dir, newest_first=False, **verify_kwargs))
+
+
+def last_complete_checkpoint(run_dir: str | Path, **verify_kwargs: Any) -> Path | None:
+    """The newest (by step) whole checkpoint of ``run_dir`` (``None`` if there is none), checking
+    newest first.
+
+    Use it instead of ``get_last_checkpoint``, which returns the newest folder even when a kill
+    during saving left it half-written.
+    """
+    return next(_complete_checkpoints(run_dir, newest_first=True, **verify_kwargs), None)
+
+
+def rotate_checkpoints_by_step(
+    run_dir: str | Path, save_total_limit: int | None, best_model_checkpoint: str | None = None
+) -> list[Path]:
+    """``--save_total_limit``: delete the oldest (by step) whole checkpoints of ``run_dir`` until
+    ``save_total_limit`` are left, never the newest nor ``best_model_checkpoint``. Returns the deleted
+    folders.
+
+    ``transformers.trainer_utils.rotate_checkpoints(use_mtime=True)``, which the Trainer calls, orders
+    by modification time, so a checkpoint that anything wrote into (an evaluation's output, say)
+    counted as the newest and newer ones were deleted. Damaged folders are not counted and not
+    deleted (a warning names them); checksums are not recomputed here, as they are before resuming.
+    """
+    if save_total_limit is None or save_total_limit <= 0:
+        return []
+    complete = find_complete_checkpoints(run_dir, checksums=False)
+    protected = set(complete[-1:])
+    if best_model_checkpoint is not None:
+        protected.add(Path(run_dir) / Path(best_model_checkpoint).name)
+    deleted = []
+    surplus = len(complete) - max(save_total_limit, len(protected))
+    for path in complete:
+        if surplus <= 0:
+            break
+        if path not in protected:
+            shutil.rmtree(path)
+            deleted.append(path)
+            surplus -= 1
+    return deleted
+
+
+class RunInUseError(OSError):
+    """Another training run holds the output folder (:func:`hold_run_dir`)."""
+
+
+@contextlib.contextmanager
+def hold_run_dir(output_dir: str | Path, hold: bool = True) -> Iterator[None]:
+    """One training run per output folder: an exclusive, non-blocking ``flock`` on the folder itself,
+    held for the block (creating the folder if needed; a folder created here and still empty when
+    the block fails is removed again).
+
+    A second run into the held folder raises :class:`RunInUseError` at once. The lock is the
+    kernel's, tied to the open folder: it goes when the process ends, however it ends (SIGKILL
+    included), so a killed run never leaves it stuck and there is no lock file to clean up. Under
+    ``torchrun`` only the main process of the launch takes it (``hold``), and every process of the
+    launch raises together when it is refused (one all-reduce). Local file systems only: ``flock``
+    over NFS is not reliable on every system.
+    """
+    output_dir = Path(output_dir)
+    created = not output_dir.exists()
+    refused = False
+    fd = None
+    if hold:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(output_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
+            os.close(fd)
+            fd = None
+            refused = True
+    try:
+        if _agree_across_processes(refused):
+            raise RunInUseError(
+                f"--output_dir {str(output_dir)!r} is in use by another training run (still running); nothing was "
+                "changed. Wait for it to end, or choose another --output_dir; to continue a run that ended, use "
+                "--resume_from_checkpoint last."
+            )
+        yield
+    except BaseException:
+        if hold and created and not refused:
+            with contextlib.suppress(OSError):  # not empty: the run wrote something, which stays
+                output_dir.rmdir()
+        raise
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+def _no_complete_checkpoint(asked: str, output_dir: Path) -> str:
+    """Why there is nothing to resume from in ``output_dir``: no checkpoint folder, or only damaged ones."""
+    damaged = [p.name for p in checkpoint_folders(output_dir)]
+    if not damaged:
+        return (
+            f"{asked}: no checkpoint-<step> folder in {str(output_dir)!r}. Check --output_dir, or drop "
+            "--resume_from_checkpoint to start afresh."
+        )
+    return (
+        f"{asked}: {str(output_dir)!r} holds checkpoints ({', '.join(damaged)}) but none is complete (the "
+        "warnings above say what is wrong with each). Restore a good copy of one, or move them away and start "
+        "afresh without --resume_from_checkpoint (nothing was changed)."
+    )
+
+
+def resolve_resume_checkpoint(
+    resume_from_checkpoint: str | None, output_dir: str | Path, overwrite: bool = False
+) -> str | None:
+    """The checkpoint to resume from, checked before any work is done.
+
+    ``None`` starts afresh, but only into an ``output_dir`` that is absent or empty, or, with
+    ``overwrite``, holds no checkpoints (a new run would mix its checkpoints with the old run's, and
+    resuming or averaging would pick from both); ``"last"`` (or ``"true"``) picks the newest whole
+    ``checkpoint-<step>`` in ``output_dir``; anything else must be a checkpoint folder written by the
+    Trainer.
+    """
+    output_dir = Path(output_dir)
+    if resume_from_checkpoint is None or str(resume_from_checkpoint).lower() in ("false", ""):
+        if checkpoint_folders(output_dir):
+            raise FileExistsError(
+                f"{str(output_dir)!r} already holds checkpoints. Continue that run with "
+                "--resume_from_checkpoint last, or choose a new --output_dir (nothing was overwritten; "
+                "--overwrite does not apply to another run's checkpoints: delete them yourself to start afresh)."
+            )
+        if not overwrite:
+            refuse_to_replace(output_dir, overwrite, "--output_dir")
+        return None
+    if str(resume_from_checkpoint).lower() in ("last", "true"):
+        last = last_complete_checkpoint(output_dir)  # whole ones only
+        if last is None:
+            raise FileNotFoundError(
+                _no_complete_checkpoint(f"--resume_from_checkpoint {resume_from_checkpoint}", output_dir)
+            )
+        return str(last)
+    path = Path(resume_from_checkpoint)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"--resume_from_checkpoint {str(path)!r} does not exist. Give a checkpoint-<step> folder of an "
+            "earlier run, or 'last' for the newest one in --output_dir."
+        )
+    if not (path / "trainer_state.json").is_file():
+        raise FileNotFoundError(
+            f"--resume_from_checkpoint {str(path)!r} is not a Trainer checkpoint (no trainer_state.json). To "
+            "start from saved weights without the optimizer state, use --model_name_or_path instead."
+        )
+    verify_checkpoint(path)  # whole, and plain tensor data only: an error naming the file otherwise
+    return str(path)
+
+
+def _agree_across_processes(flag: bool) -> bool:
+    """``True`` if ``flag`` is set on any process (one all-reduce; plain ``flag`` without distribution)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flag
+    from accelerate import PartialState
+
+    value = torch.tensor([1 if flag else 0], device=PartialState().device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return bool(value.item())

@@ -1,0 +1,409 @@
+"""The paper's Trainer: token-budget batches (§5.1), label-smoothed loss, resumable checkpoints,
+and the metrics computed at evaluation."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import math
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from transformers import EvalPrediction, PreTrainedTokenizerBase, Seq2SeqTrainer
+from transformers.trainer import TRAINING_ARGS_NAME
+from transformers.trainer_utils import EvalLoopOutput, has_length, seed_worker
+
+from hf_vanilla.analysis.evaluation import compute_bleu_chrf
+from hf_vanilla.data.batching import TokenBudgetBatchSampler, sequence_lengths
+from hf_vanilla.hub.folder import (
+    TRAINING_ARGS_JSON,
+    finish_model_folder,
+    limit_tokenizer_length,
+    registered_for_remote_code,
+)
+from hf_vanilla.training.launch_checks import check_fsdp_honoured
+from hf_vanilla.training.resilience import ResilientTrainerMixin
+from hf_vanilla.training.schedule import create_paper_lr_scheduler, paper_peak_learning_rate
+
+logger = logging.getLogger(__name__)
+
+
+__all__ = ["PaperSeq2SeqTrainer", "TargetNLL", "build_compute_metrics"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Trainer integration
+# ----------------------------------------------------------------------------------------------------
+
+
+def unshard_prepared_dataloader(dataloader: DataLoader, sampler: TokenBudgetBatchSampler) -> DataLoader:
+    """Undo Accelerate's per-process re-sharding of an already rank-aware batch sampler (see module docstring)."""
+    from accelerate.data_loader import BatchSamplerShard
+
+    wrapper = getattr(dataloader, "batch_sampler", None)
+    if isinstance(wrapper, BatchSamplerShard):
+        if wrapper.batch_sampler is not sampler:
+            raise RuntimeError(
+                "Accelerate wrapped an unexpected batch sampler; token-budget batching cannot proceed."
+            )
+        wrapper.num_processes, wrapper.process_index = 1, 0
+        # Forward set_epoch so that wrappers around this one (skip_first_batches on resume) reach the sampler.
+        wrapper.set_epoch = sampler.set_epoch
+    elif wrapper is not sampler:
+        raise RuntimeError(
+            f"Expected the prepared DataLoader to use the token-budget sampler, found {type(wrapper).__name__}."
+        )
+    return dataloader
+
+
+class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` whose training batches hold up to `max_tokens` padded tokens (§5.1).
+
+    `max_tokens=None` takes `args.max_tokens` if the training arguments have that field; if that is None
+    too, batching is the normal `per_device_train_batch_size` one. Lengths come from the
+    train dataset's `input_ids` and `labels` columns, once per dataset. Works with one process and with
+    N-process DDP (each rank gets its own batches, equally many), with gradient accumulation, and with
+    `dataloader_drop_last` (see `TokenBudgetBatchSampler`). The shuffling seed is `data_seed`, else `seed`.
+    Evaluation keeps sentence-count batches. `max_tokens` is checked once, by the sampler that
+    consumes it (`--max_tokens` on the command line by `PaperTrainingArguments`).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        max_tokens: int | None = None,
+        sort_pool_size: int | None = None,
+        max_sentences: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if max_tokens is None:
+            max_tokens = getattr(self.args, "max_tokens", None)
+        self.max_tokens, self.sort_pool_size, self.max_sentences = max_tokens, sort_pool_size, max_sentences
+        self._length_cache: tuple[str, np.ndarray, np.ndarray] | None = None
+
+    def _train_lengths(self, dataset: Any) -> tuple[np.ndarray, np.ndarray]:
+        key = getattr(dataset, "_fingerprint", None) or str(id(dataset))
+        if self._length_cache is None or self._length_cache[0] != key:
+            self._length_cache = (
+                key,
+                sequence_lengths(dataset, "input_ids"),
+                sequence_lengths(dataset, "labels"),
+            )
+        return self._length_cache[1], self._length_cache[2]
+
+    def token_budget_sampler(self) -> TokenBudgetBatchSampler:
+        """This rank's sampler over the train dataset."""
+        source, target = self._train_lengths(self.train_dataset)
+        return TokenBudgetBatchSampler(
+            source,
+            target,
+            self.max_tokens,
+            num_replicas=max(1, self.args.world_size),
+            rank=self.args.process_index,
+            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
+            sort_pool_size=self.sort_pool_size,
+            max_sentences=self.max_sentences,
+            drop_last=self.args.dataloader_drop_last,
+        )
+
+    def get_train_dataloader(self) -> DataLoader:
+        if self.max_tokens is None:
+            return super().get_train_dataloader()
+        if self.train_dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        if isinstance(self.train_dataset, torch.utils.data.IterableDataset) or not has_length(
+            self.train_dataset
+        ):
+            raise ValueError(
+                "Token-budget batching needs a map-style train dataset with a length (lengths are read up front); "
+                "got an iterable dataset. Pass a datasets.Dataset, or set max_tokens=None."
+            )
+        dataloader_config = self.accelerator.dataloader_config
+        if dataloader_config.split_batches or dataloader_config.dispatch_batches:
+            raise ValueError(
+                "Token-budget batching cannot be combined with Accelerate's split_batches or dispatch_batches "
+                "(they cut or re-deal batches by sentence count). Unset them in accelerator_config."
+            )
+        if self.args.train_sampling_strategy not in ("random", "sequential"):
+            logger.warning(
+                "train_sampling_strategy=%r is ignored: max_tokens=%d batches by length already.",
+                self.args.train_sampling_strategy,
+                self.max_tokens,
+            )
+        sampler = self.token_budget_sampler()
+        dataset, collator = self.train_dataset, self.data_collator
+        if isinstance(dataset, datasets.Dataset):
+            dataset = self._remove_unused_columns(dataset, description="Training")
+        else:
+            collator = self._get_collator_with_removed_columns(collator, description="Training")
+        dataloader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+            persistent_workers=self.args.dataloader_persistent_workers,
+            multiprocessing_context=self.args.dataloader_multiprocessing_context,
+            prefetch_factor=self.args.dataloader_prefetch_factor,
+            in_order=self.args.dataloader_in_order,
+            worker_init_fn=partial(
+                seed_worker, num_workers=self.args.dataloader_num_workers, rank=self.args.process_index
+            ),
+        )
+        logger.info(
+            "Token-budget batching: max_tokens=%d, %d batches per rank per epoch (%d ranks).",
+            self.max_tokens,
+            len(sampler),
+            sampler.num_replicas,
+        )
+        return unshard_prepared_dataloader(self.accelerator.prepare(dataloader), sampler)
+
+
+# --------------------------------------------------------------------------------------------------
+# Evaluation: the unsmoothed NLL beside the label-smoothed loss
+# --------------------------------------------------------------------------------------------------
+class TargetNLL:
+    """A forward hook (``register_forward_hook(..., with_kwargs=True)``) that reads, from a forward
+    pass given ``labels``, the unsmoothed negative log-likelihood of the labels and their count, per
+    sentence (-100 = ignored); :meth:`gather` collects them over processes after each batch."""
+
+    def __init__(self) -> None:
+        self.batch: tuple[torch.Tensor, torch.Tensor] | None = None  # (B,) NLL sums, (B,) token counts
+        self.nll = 0.0
+        self.tokens = 0
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        labels, logits = kwargs.get("labels"), getattr(output, "logits", None)
+        if labels is None or logits is None:  # e.g. generate()'s decoding steps
+            return
+        labels = labels.to(logits.device)
+        with torch.no_grad():
+            nll = torch.nn.functional.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none"
+            )  # (B·T,), 0 where ignored
+            self.batch = (nll.view(labels.shape).sum(dim=-1), (labels != -100).sum(dim=-1))
+
+    def gather(self, accelerator: Any) -> None:
+        """Add this batch's sums from every process (``gather_for_metrics``: the repeated sentences
+        that even out the last batch are dropped)."""
+        if self.batch is None:
+            return
+        nll, tokens = accelerator.gather_for_metrics(self.batch)
+        self.nll += float(nll.double().sum())
+        self.tokens += int(tokens.sum())
+        self.batch = None
+
+    def per_token(self) -> float | None:
+        """The NLL per target token so far; ``None`` before any labelled batch."""
+        return self.nll / self.tokens if self.tokens else None
+
+
+# --------------------------------------------------------------------------------------------------
+# The Trainer
+# --------------------------------------------------------------------------------------------------
+class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
+    """``Seq2SeqTrainer`` with token-budget batches (``args.max_tokens``, §5.1, see
+    :mod:`hf_vanilla.data.batching`), Eq. (3) exactly, and the model's generation defaults kept intact.
+
+    * ``learning_rate=None`` in the arguments means the peak of Eq. (3) for this model's d_model.
+    * ``lr_scheduler_type="inverse_sqrt"`` uses :class:`PaperLRLambda` (HF's schedule, one step
+      later), so that update k gets Eq. (3) at step k.
+    * Evaluation with ``predict_with_generate``: ``Seq2SeqTrainer.prediction_step`` fills the
+      model's generation config with HF's global defaults (``max_length=20``, ``top_k=50``, ...)
+      after the first batch, which would then be saved with the model. The model's ``generate()``
+      keeps the §6.1 bound despite them (see its docstring); the generation config is restored
+      after every step anyway, so that the saved one holds only the model's own settings.
+    * Evaluation reports ``<prefix>_nll_loss``, the unsmoothed negative log-likelihood per target
+      token over the whole evaluation set, and ``<prefix>_ppl`` = exp of it, beside the
+      label-smoothed ``<prefix>_loss``. They are read from the logits of the forward pass that
+      computes the loss (no second pass), and gathered over processes without the sentences
+      Accelerate repeats to even out the last batch.
+    * A run that asked for FSDP but would not be sharded (accelerate on CPU) is refused with a
+      :class:`~hf_vanilla.training.launch_checks.LaunchError` as soon as the Accelerator exists, before the
+      output folder is created (:func:`~hf_vanilla.training.launch_checks.check_fsdp_honoured`).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._target_nll: TargetNLL | None = None  # during evaluation only
+        if self.args.learning_rate is None:
+            d_model = self.model.config.d_model
+            warmup = self._warmup_steps_for_peak()
+            self.args.learning_rate = paper_peak_learning_rate(d_model, warmup)
+            logger.info(
+                "Peak learning rate d_model^-0.5 · warmup^-0.5 = %d^-0.5 · %d^-0.5 = %.3g (§5.3 Eq. 3).",
+                d_model,
+                warmup,
+                self.args.learning_rate,
+            )
+        if self.args.learning_rate == 0 and self.args.do_train:
+            logger.warning(
+                "--learning_rate is 0: training will not change the weights (the schedule multiplies the peak "
+                "rate). Leave it out for the peak of Eq. (3), or give the rate you meant."
+            )
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        check_fsdp_honoured(self.accelerator, self.args)
+
+    def _warmup_steps_for_peak(self) -> int:
+        warmup = self.args.warmup_steps
+        if 0 < warmup < 1:
+            if self.args.max_steps <= 0:
+                raise ValueError(
+                    "A warmup ratio (--warmup_steps < 1) needs --max_steps to compute the peak rate."
+                )
+            warmup = math.ceil(self.args.max_steps * warmup)
+        if warmup < 1:
+            raise ValueError(
+                "--learning_rate defaults to the peak of Eq. (3), d_model^-0.5 · warmup_steps^-0.5, which needs "
+                "--warmup_steps >= 1; set --learning_rate explicitly otherwise."
+            )
+        return int(warmup)
+
+    def create_scheduler(
+        self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
+    ) -> torch.optim.lr_scheduler.LRScheduler:
+        if self.lr_scheduler is None and self.args.lr_scheduler_type == "inverse_sqrt":
+            if self.args.lr_scheduler_kwargs:
+                raise ValueError(
+                    "--lr_scheduler_kwargs is not used by the Eq. (3) schedule (inverse_sqrt with timescale = "
+                    "warmup_steps); remove it or choose another --lr_scheduler_type."
+                )
+            warmup = self.args.get_warmup_steps(num_training_steps)
+            self.lr_scheduler = create_paper_lr_scheduler(optimizer or self.optimizer, warmup)
+            self._created_lr_scheduler = True
+            return self.lr_scheduler
+        return super().create_scheduler(num_training_steps, optimizer)
+
+    def prediction_step(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, torch.Tensor | Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+        **gen_kwargs: Any,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        saved = copy.deepcopy(self.model.generation_config)
+        try:
+            step = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
+        finally:
+            self.model.generation_config = saved
+        if self._target_nll is not None:
+            self._target_nll.gather(self.accelerator)
+        return step
+
+    def evaluation_loop(
+        self,
+        dataloader: torch.utils.data.DataLoader,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """:meth:`_evaluation_loop_once`, plus ``<prefix>_nll_loss`` and ``<prefix>_ppl`` (see the class
+        docstring) when the evaluation set has labels."""
+        self._target_nll = TargetNLL()
+        handle = self.model.register_forward_hook(self._target_nll, with_kwargs=True)
+        try:
+            output = self._evaluation_loop_once(
+                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+            )
+            nll = self._target_nll.per_token()
+        finally:
+            handle.remove()
+            self._target_nll = None
+        if nll is not None:
+            output.metrics[f"{metric_key_prefix}_nll_loss"] = nll
+            output.metrics[f"{metric_key_prefix}_ppl"] = math.exp(min(nll, 700.0))  # no float overflow
+        return output
+
+    def _evaluation_loop_once(self, *args: Any, **kwargs: Any) -> EvalLoopOutput:
+        """Score every evaluation sentence exactly once under data parallelism.
+
+        ``Seq2SeqTrainer.evaluate``/``predict`` (transformers 5.24) gather with ``accelerator.gather``,
+        which keeps the examples Accelerate repeats to even out the last batch over the processes: with
+        N processes and an evaluation set that is not a multiple of N × batch size, the first sentences
+        would count twice in BLEU. ``gather_for_metrics`` drops the repeats; it is wrong only with
+        ``num_return_sequences > 1``, which BLEU evaluation does not use.
+        """
+        returns = getattr(self, "_gen_kwargs", {}).get(
+            "num_return_sequences", self.model.generation_config.num_return_sequences
+        )
+        if returns not in (None, 1):
+            return super().evaluation_loop(*args, **kwargs)
+        trainer_gather = self.gather_function
+        self.gather_function = functools.partial(
+            self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
+        )
+        try:
+            return super().evaluation_loop(*args, **kwargs)
+        finally:
+            self.gather_function = trainer_gather  # this evaluation only
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Every model folder the Trainer writes (checkpoints, the final model) is self-contained, as
+        :func:`hf_vanilla.hub.folder.save_model_folder` writes it: the modeling and pipeline code with an
+        ``auto_map``, the tokenizer's ``model_max_length`` from the model, and the training arguments as
+        ``training_args.json`` instead of the Trainer's pickled ``training_args.bin``."""
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        if self.processing_class is not None:
+            limit_tokenizer_length(self.processing_class, model.config)
+        with registered_for_remote_code(model):
+            super()._save(output_dir, state_dict)
+        if self.args.should_save:
+            folder = Path(output_dir if output_dir is not None else self.args.output_dir)
+            (folder / TRAINING_ARGS_NAME).unlink(missing_ok=True)
+            (folder / TRAINING_ARGS_JSON).write_text(self.args.to_json_string() + "\n", encoding="utf-8")
+            finish_model_folder(folder)
+
+
+# --------------------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------------------
+def build_compute_metrics(
+    tokenizer: PreTrainedTokenizerBase, bleu_tokenize: str = "13a"
+) -> Callable[[EvalPrediction], dict[str, float]]:
+    """``compute_metrics`` for generated translations: sacreBLEU BLEU and chrF (§6.1), exact-match
+    accuracy and ``gen_len``, the mean length of the translations in tokens (special tokens not
+    counted). Token ids are decoded with ``skip_special_tokens``. ``bleu_tokenize``: as in
+    :func:`hf_vanilla.analysis.evaluation.compute_bleu_chrf`."""
+    pad_id = tokenizer.pad_token_id
+    special_ids = np.array(tokenizer.all_special_ids)
+
+    def decode(ids: np.ndarray) -> list[str]:
+        ids = np.where(ids < 0, pad_id, ids)  # -100 marks padding added by the Trainer
+        return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+    def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
+        predictions = prediction.predictions
+        if isinstance(predictions, tuple):
+            predictions = predictions[0]
+        if predictions.ndim != 2:
+            raise ValueError(
+                f"compute_metrics expects generated token ids (batch, length), got shape {predictions.shape}; "
+                "evaluate with --predict_with_generate."
+            )
+        hypotheses = decode(predictions)
+        references = decode(prediction.label_ids)
+        scores = compute_bleu_chrf(hypotheses, references, bleu_tokenize=bleu_tokenize)
+        # Beam search pads finished rows with </s> when the pad id is 0 (transformers treats 0 as
+        # unset there), so the length is counted over non-special tokens.
+        content = (predictions >= 0) & ~np.isin(predictions, special_ids)
+        lengths = content.sum(axis=1)
+        return {
+            "bleu": scores["bleu"],
+            "chrf": scores["chrf"],
+            "exact_match": float(np.mean([h == r for h, r in zip(hypotheses, references, strict=True)])),
+            "gen_len": float(np.mean(lengths)),
+        }
+
+    return compute_metrics

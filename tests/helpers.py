@@ -1,0 +1,384 @@
+"""What the tests share: tiny models and configs, card arguments, a clean interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import json
+import re
+import socket
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    MarianConfig,
+    MarianMTModel,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
+
+from hf_vanilla import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from hf_vanilla.io.pickles import PICKLE_SUFFIXES
+
+# Tiny models run fastest on one thread; several threads only add synchronisation (and contend
+# with each other on a shared 2-core machine).
+torch.set_num_threads(1)
+
+#: The model card's data as a training push or hf-vanilla-publish takes it (custom data, its terms, a licence).
+CARD_ARGS = (
+    "--dataset",
+    "custom",
+    "--dataset_id",
+    "pairs",
+    "--data_terms",
+    "CC BY 4.0",
+    "--weights_license",
+    "cc-by-4.0",
+)
+
+TINY = {
+    "vocab_size": 100,
+    "d_model": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "max_position_embeddings": 64,
+}
+
+
+def tiny_config(**overrides: object) -> VanillaTransformerConfig:
+    return VanillaTransformerConfig(**{**TINY, **overrides})
+
+
+def tiny_model(seed: int = 0, **overrides: object) -> VanillaTransformerForConditionalGeneration:
+    torch.manual_seed(seed)
+    return VanillaTransformerForConditionalGeneration(tiny_config(**overrides)).eval()
+
+
+#: Prepended to code run "where hf_vanilla is not installed": the editable install stays on sys.path, so
+#: the import is refused instead.
+BLOCK_HF_VANILLA = r"""
+import sys
+
+class _BlockHfVanilla:
+    def find_spec(self, name, path=None, target=None):
+        if name == "hf_vanilla" or name.startswith("hf_vanilla."):
+            raise ModuleNotFoundError(f"blocked: {name}")
+
+sys.meta_path.insert(0, _BlockHfVanilla())
+"""
+
+
+def run_clean(code: str, cwd: Path, *args: str, block_hf_vanilla: bool = True) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter, offline, without progress bars, stdin closed (an interactive
+    prompt would print and then read EOF), with hf_vanilla not importable unless ``block_hf_vanilla`` is
+    false. Fails the test with the process's stderr if it exits non-zero."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_MODULES_CACHE=str(cwd / ".hf_modules"),
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    source = (BLOCK_HF_VANILLA if block_hf_vanilla else "") + code
+    result = subprocess.run(
+        [sys.executable, "-c", source, *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def copy_task(generator: torch.Generator, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sources of 6 random words (4…19) + </s>; the target is the source."""
+    words = torch.randint(4, 20, (rows, 6), generator=generator)
+    source = torch.cat([words, torch.full((rows, 1), 2)], dim=1)
+    return source, source.clone()
+
+
+def word_tokenizer(words: int = 96) -> PreTrainedTokenizerFast:
+    """conftest's tokenizer (<pad> 0, <s> 1, </s> 2, <unk> 3, then w0 w1 ...), with ``words`` words."""
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i + 4 for i in range(words)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+SMALL = {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "max_position_embeddings": 64}
+
+
+def randomize(model: PreTrainedModel, seed: int) -> PreTrainedModel:
+    """Random weights large enough for peaked, input-dependent distributions (init_std 0.02 gives
+    near-uniform logits, where generation would compare ties). Positional tables are left alone."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if "embed_positions" in name:
+                continue
+            if "layer_norm" in name:
+                param.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * noise)
+            elif param.dim() == 2 and any(
+                k in name for k in ("embed_tokens", "shared", "lm_head", "output_proj")
+            ):
+                param.copy_(0.5 * noise)
+            elif param.dim() == 2:
+                param.copy_(noise / param.shape[1] ** 0.5)
+            else:
+                param.copy_(0.1 * noise)
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.copy_(
+                0.1 * torch.randn(model.final_logits_bias.shape, generator=generator)
+            )
+    # As in the OPUS-MT generation configs (fairseq never emits <pad> either): random weights would.
+    model.generation_config.bad_words_ids = [[model.config.pad_token_id]]
+    return model.eval()
+
+
+def marian(seed: int = 0, **overrides: object) -> MarianMTModel:
+    """An OPUS-MT-like Marian: <pad> is the last id and the decoder start, </s> = 0."""
+    fields = {
+        **SMALL,
+        "vocab_size": 61,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 64,
+        "decoder_ffn_dim": 64,
+        "activation_function": "swish",
+        "scale_embedding": False,
+        "pad_token_id": 60,
+        "eos_token_id": 0,
+        "forced_eos_token_id": 0,
+        "decoder_start_token_id": 60,
+        **overrides,
+    }
+    torch.manual_seed(seed)
+    return randomize(MarianMTModel(MarianConfig(**fields)), seed)
+
+
+def save_with_side_files(model: PreTrainedModel, folder: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n# an OPUS-MT model\n")
+    (folder / "LICENSE").write_text("CC-BY 4.0\n")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+DRIVER = ROOT / "tests" / "train_driver.py"
+
+CONFIGS = ROOT / "configs" / "accelerate"
+
+TRAIN, VALID = 48, 7  # 7 validation sentences: not a multiple of 2 processes × 2 per batch
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def train_args(tokenizer_dir: Path | None, output_dir: Path, *extra: str) -> list[str]:
+    """The demo task (EN→DE numbers), a tiny model, 4 steps, no dropout (ranks draw different masks),
+    then evaluation with generation (§6.1 beam search) on the 7 validation sentences. Without a
+    tokenizer folder, the run trains its own tokenizer (300 tokens)."""
+    tokenizer = (
+        ["--tokenizer_vocab_size", "300"]
+        if tokenizer_dir is None
+        else ["--tokenizer_name_or_path", str(tokenizer_dir)]
+    )
+    return [
+        "--demo", "--demo_train_size", str(TRAIN), "--demo_validation_size", str(VALID), "--demo_test_size", "0",
+        *tokenizer,
+        "--d_model", "32", "--layers", "2", "--attention_heads", "4", "--ffn_dim", "64", "--dropout", "0",
+        "--max_steps", "4", "--learning_rate", "1e-3", "--warmup_steps", "1", "--logging_steps", "1",
+        "--save_strategy", "no", "--eval_strategy", "no", "--per_device_eval_batch_size", "2",
+        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--seed", "0",
+        "--output_dir", str(output_dir), *extra,
+    ]  # fmt: skip
+
+
+def _env(record_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(ROOT),
+        HF_VANILLA_RECORD_DIR=str(record_dir),
+    )
+    return env
+
+
+def _launchers(name: str) -> list[str]:
+    if name == "python":
+        return [sys.executable, str(DRIVER)]
+    if name == "torchrun":
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(DRIVER),
+        ]
+    if name == "accelerate":  # the repository's DDP config (MULTI_GPU), on CPU: 2 gloo processes
+        return [
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "ddp.yaml"),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()), str(DRIVER),
+        ]  # fmt: skip
+    if name == "accelerate-fsdp":  # the repository's FSDP config, as a user would launch it
+        return [
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "fsdp.yaml"),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()), str(DRIVER),
+        ]  # fmt: skip
+    if name == "accelerate-flag":
+        return [
+            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(_free_port()), str(DRIVER),
+        ]  # fmt: skip
+    if name == "accelerate-cpu":
+        return [
+            sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(DRIVER),
+        ]  # fmt: skip
+    raise ValueError(name)
+
+
+class Run:
+    """One launched training run and what each of its processes recorded."""
+
+    def __init__(self, root: Path, launcher: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.out, self.record = root / "out", root / "record"
+        self.command = [*_launchers(launcher), *args]
+        self.process = subprocess.Popen(
+            self.command,
+            env={**_env(self.record), **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.log = ""
+
+    def wait(self) -> Run:
+        self.log = self.process.communicate(timeout=900)[0]
+        assert self.process.returncode == 0, f"{' '.join(self.command)}\n{self.log[-4000:]}"
+        return self
+
+    def refused(self, message: str) -> Run:
+        """The run failed, every process printed ``message`` as its one error line, nothing was written."""
+        self.log = self.process.communicate(timeout=900)[0]
+        assert self.process.returncode != 0, self.log[-4000:]
+        errors = [line for line in self.log.splitlines() if line.startswith("error: ")]
+        assert errors and all(message in line for line in errors), self.log[-4000:]
+        assert "LaunchError" not in self.log  # no traceback of ours, one line
+        assert not self.out.exists() and not self.record.exists()
+        return self
+
+    def ranks(self) -> list[dict[str, Any]]:
+        return [json.loads(p.read_text()) for p in sorted(self.record.glob("rank-*.json"))]
+
+    def params(self, rank: int = 0) -> dict[str, torch.Tensor]:
+        return load_file(self.record / f"params-rank{rank}.safetensors")
+
+    def losses(self, rank: int = 0) -> list[float]:
+        lines = (self.record / f"logs-rank{rank}.jsonl").read_text().splitlines()
+        return [record["loss"] for record in map(json.loads, lines) if "loss" in record]
+
+    def evaluation(self, rank: int = 0) -> dict[str, Any]:
+        return json.loads((self.record / f"eval-rank{rank}-0.json").read_text())
+
+
+def check_matches_one_process(run: Run, single: Run, atol: float = 1e-5) -> None:
+    assert single.ranks()[0]["world_size"] == 1
+    losses, reference = run.losses(), single.losses()
+    assert len(losses) == len(reference) == 4
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=1e-5, atol=1e-6)
+    assert losses[0] != losses[-1]  # it trained
+    got, expected = run.params(), single.params()
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=atol, msg=key)
+
+
+SENTENCES = ["w1 w2 w3", "w4", "w5 w6"]
+
+LOAD = r"""
+import json, sys, warnings
+warnings.simplefilter("always")
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+folder, sentences = sys.argv[1], json.loads(sys.argv[2])
+model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+ids = model.generate(**tokenizer(sentences, padding=True, return_tensors="pt"), max_new_tokens=8)
+translator = pipeline("vanilla-translation", model=folder, trust_remote_code=True)
+texts = [row["translation_text"] for row in translator(sentences, batch_size=2, max_new_tokens=8)]
+assert not any(name == "hf_vanilla" or name.startswith("hf_vanilla.") for name in sys.modules)
+print(json.dumps({"module": type(model).__module__, "ids": ids.tolist(), "texts": texts,
+                  "pipeline": type(translator).__name__, "max_length": tokenizer.model_max_length}))
+"""
+
+
+def assert_self_contained(folder: Path, tmp_path: Path, checkpoint: bool = False) -> dict:
+    """The clean-process load of ``folder``; returns what it printed. Checks no pickle (a Trainer
+    ``checkpoint`` excepted: its resume state is the Trainer's, checked by ``verify_checkpoint``), no
+    warning."""
+    pickles = [path.name for path in folder.iterdir() if path.suffix in PICKLE_SUFFIXES]
+    assert checkpoint or not pickles, f"pickled files in {folder}: {pickles}"
+    result = run_clean(LOAD, tmp_path, str(folder), json.dumps(SENTENCES))
+    assert "Do you wish to run the custom code" not in result.stdout + result.stderr
+    assert not re.search(r"warn|You are using a model of type", result.stderr, re.IGNORECASE), result.stderr
+    remote = json.loads(result.stdout.strip().splitlines()[-1])
+    assert remote["module"].startswith("transformers_modules.")
+    assert remote["pipeline"] == "VanillaTranslationPipeline"
+    local = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    with torch.no_grad():
+        ids = local.generate(**tokenizer(SENTENCES, padding=True, return_tensors="pt"), max_new_tokens=8)
+    assert remote["ids"] == ids.tolist()
+    # The pipeline translates each sentence alone (batches of 2 padded): same as generate() per sentence.
+    expected = [
+        tokenizer.decode(
+            local.generate(**tokenizer([s], return_tensors="pt"), max_new_tokens=8)[0],
+            skip_special_tokens=True,
+        )
+        for s in SENTENCES
+    ]
+    assert remote["texts"] == expected
+    return remote
+
+
+def python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", markdown, flags=re.DOTALL)
+
+
+def run_card(folder: Path, tmp_path: Path, block_hf_vanilla: bool = True) -> None:
+    """Run every fenced Python block of the folder's README.md verbatim in a clean process."""
+    blocks = python_blocks((folder / "README.md").read_text(encoding="utf-8"))
+    assert blocks, f"{folder}/README.md has no Python example"
+    for block in blocks:
+        run_clean(block, tmp_path, block_hf_vanilla=block_hf_vanilla)

@@ -1,0 +1,224 @@
+"""The translate command like the toolkits': streaming stdin, n-best with scores, --max_length, --dtype,
+token budgets, and a CTranslate2 backend that gives the transformers backend's output."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import tiny_model, word_tokenizer
+
+from hf_vanilla.hub.folder import save_model_folder
+from hf_vanilla.inference.ctranslate2 import CTranslate2Model
+from hf_vanilla.inference.decoding import DecodingOptions, generate_hypotheses
+from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.inference.streaming import translate_stream
+from hf_vanilla.inference.translation import InputTooLongError, _batches, translate, translate_nbest
+
+GREEDY = DecodingOptions(num_beams=1)
+LINES = ["w4 w5", "", "w1 w2 w3", "w6 w7 w8 w9 w10", "w7"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model folder whose random model's outputs differ by input (larger tied embeddings)."""
+    model = tiny_model(seed=2)
+    with torch.no_grad():
+        model.model.shared.weight.mul_(3)
+    path = tmp_path_factory.mktemp("translate") / "model"
+    save_model_folder(model, word_tokenizer(), path)
+    return path
+
+
+def _load(folder: Path, **overrides: object) -> tuple[object, object]:
+    args = InferenceModelArguments(model_name_or_path=str(folder), device="cpu", **overrides)
+    return load_model_and_tokenizer(args, allow_ctranslate2=True)
+
+
+def _readline(stream: object, timeout: float = 60.0) -> str:
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert got, f"no output line within {timeout} s"
+    return got[0]
+
+
+def test_each_stdin_line_is_translated_as_it_arrives(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stdin and stdout are pipes; each line's translation is read back while stdin is still open."""
+    model, tokenizer = _load(folder)
+    expected = translate(model, tokenizer, LINES[:2], GREEDY, generate_kwargs={"max_new_tokens": 5})
+    stdin_read, stdin_write = os.pipe()
+    stdout_read, stdout_write = os.pipe()
+    monkeypatch.setattr(sys, "stdin", open(stdin_read, encoding="utf-8"))  # noqa: SIM115 (closed below)
+    monkeypatch.setattr(sys, "stdout", open(stdout_write, "w", encoding="utf-8"))  # noqa: SIM115
+    result: list[int] = []
+    worker = threading.Thread(
+        target=lambda: result.append(
+            translate_stream(model, tokenizer, "-", "-", GREEDY, generate_kwargs={"max_new_tokens": 5})
+        ),
+        daemon=True,
+    )
+    worker.start()
+    with (
+        open(stdin_write, "w", encoding="utf-8") as feed,
+        open(stdout_read, encoding="utf-8") as translations,
+    ):
+        for line, translation in zip(LINES[:2], expected, strict=True):
+            feed.write(line + "\n")
+            feed.flush()
+            assert _readline(translations) == translation + "\n"  # before stdin is closed
+        feed.close()
+        worker.join(60)
+    assert result == [2]
+    assert expected[0] and expected[1] == ""
+    sys.stdin.close()
+    sys.stdout.close()
+
+
+def test_nbest_lists_are_scored_sorted_and_keep_blank_lines(folder: Path, tmp_path: Path) -> None:
+    model, tokenizer = _load(folder)
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in LINES))
+    options = DecodingOptions(num_beams=4)
+    translate_stream(model, tokenizer, tmp_path / "in.txt", tmp_path / "out.txt", options, nbest=3,
+                     generate_kwargs={"max_new_tokens": 6})  # fmt: skip
+    rows = [line.split("\t") for line in (tmp_path / "out.txt").read_text().splitlines()]
+    assert all(len(row) == 3 for row in rows)
+    assert [row[0] for row in rows] == ["0"] * 3 + ["1"] + ["2"] * 3 + ["3"] * 3 + ["4"] * 3
+    assert rows[3] == ["1", "", ""]  # a blank line: no score, no translation
+    best = translate(model, tokenizer, LINES, options, generate_kwargs={"max_new_tokens": 6})
+    for index in (0, 2, 3, 4):
+        scores = [float(row[1]) for row in rows if row[0] == str(index)]
+        assert scores == sorted(scores, reverse=True)
+        assert next(row[2] for row in rows if row[0] == str(index)) == best[index]
+
+
+def test_a_greedy_score_is_the_length_normalised_log_probability(folder: Path) -> None:
+    model, tokenizer = _load(folder)
+    batch = tokenizer(["w1 w2 w3", "w9"], return_tensors="pt", padding=True)
+    alpha, cap = 0.6, 6
+    hypotheses = generate_hypotheses(
+        model, batch.input_ids, batch.attention_mask, GREEDY, nbest=1, max_new_tokens=cap
+    )
+    for row, ((ids, score),) in enumerate(hypotheses):
+        targets = [*ids, 2] if len(ids) < cap else ids  # ended with </s>, or cut at the cap
+        decoder_input = torch.tensor([[model.config.decoder_start_token_id, *targets[:-1]]])
+        mask = batch.attention_mask[row : row + 1]
+        logits = model(
+            input_ids=batch.input_ids[row : row + 1], attention_mask=mask, decoder_input_ids=decoder_input
+        ).logits
+        log_prob = logits.detach().log_softmax(-1)[0].gather(1, torch.tensor(targets)[:, None]).sum()
+        assert score == pytest.approx(float(log_prob) / len(targets) ** alpha, abs=1e-4)
+
+
+def test_token_budgets_change_the_batches_not_the_translations(folder: Path) -> None:
+    lengths = {0: 10, 1: 6, 2: 5, 3: 2}
+    assert list(_batches([0, 1, 2, 3], lengths, 64, 12)) == [[0], [1, 2], [3]]
+    assert list(_batches([0, 1, 2, 3], lengths, 2, 0)) == [[0, 1], [2, 3]]
+    model, tokenizer = _load(folder)
+    kwargs = {"generate_kwargs": {"max_new_tokens": 4}, "options": GREEDY}
+    assert translate(model, tokenizer, LINES, max_tokens=8, **kwargs) == translate(
+        model, tokenizer, LINES, **kwargs
+    )
+
+
+def test_dtype_is_applied_or_refused_in_one_line(folder: Path) -> None:
+    model, tokenizer = _load(folder, dtype="bfloat16")
+    assert model.dtype == torch.bfloat16
+    assert translate(model, tokenizer, ["w1 w2"], GREEDY, generate_kwargs={"max_new_tokens": 3})
+    with pytest.raises(ValueError, match="both set the precision"):
+        _load(folder, dtype="float16", quantization="bf16")
+    with pytest.raises(ValueError, match="Unknown --dtype 'float8'"):
+        _load(folder, dtype="float8")
+
+
+def test_the_cli_refuses_an_nbest_wider_than_the_beam(folder: Path, capsys: pytest.CaptureFixture) -> None:
+    from hf_vanilla.cli.translate import main
+
+    assert main(["--model_name_or_path", str(folder), "--nbest", "5", "--num_beams", "4"]) == 1
+    assert capsys.readouterr().err.strip() == "error: --nbest 5 needs --num_beams >= 5 (now 4)."
+
+
+# --------------------------------------------------------------------------------------------------
+# CTranslate2 backend
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ct2_folder(folder: Path) -> Path:
+    pytest.importorskip("ctranslate2")
+    from hf_vanilla.interop.export_ctranslate2 import export_ctranslate2
+
+    return Path(export_ctranslate2(folder, folder.parent / "ct2"))
+
+
+def test_both_backends_give_the_same_greedy_output_and_format(
+    folder: Path, ct2_folder: Path, tmp_path: Path
+) -> None:
+    lines = [*LINES, " ".join(f"w{i % 96}" for i in range(63))]  # the longest input: 63 words + </s> = 64
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in lines))
+    outputs = {}
+    for name, path in (("hf", folder), ("ct2", ct2_folder)):
+        model, tokenizer = _load(path)  # --backend auto: a folder with model.bin is a CTranslate2 export
+        assert isinstance(model, CTranslate2Model) == (name == "ct2")
+        translate_stream(
+            model, tokenizer, tmp_path / "in.txt", tmp_path / f"{name}.txt", GREEDY, batch_size=3
+        )
+        translate_stream(model, tokenizer, tmp_path / "in.txt", tmp_path / f"{name}.nbest", GREEDY, nbest=1,
+                         generate_kwargs={"max_new_tokens": 7})  # fmt: skip
+        outputs[name] = (tmp_path / f"{name}.txt").read_text().splitlines()
+        nbest = [line.split("\t") for line in (tmp_path / f"{name}.nbest").read_text().splitlines()]
+        assert [row[0] for row in nbest] == [str(i) for i in range(len(lines))]
+        outputs[name + "-nbest"] = [row[2] for row in nbest]
+    assert outputs["ct2"] == outputs["hf"] and outputs["ct2-nbest"] == outputs["hf-nbest"]
+    assert outputs["hf"][1] == "" and len(set(outputs["hf"])) > 2
+    assert len(outputs["hf"][-1].split()) > 64  # the longest input's translation passed the encoder's table
+
+
+def test_an_input_longer_than_the_model_takes_is_refused_alike(
+    folder: Path, ct2_folder: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "in.txt").write_text("w1\n" + " ".join(["w5"] * 64) + "\n")  # 65 tokens with </s>
+    messages = []
+    for path in (folder, ct2_folder):
+        model, tokenizer = _load(path)
+        assert tokenizer.model_max_length == 64
+        with pytest.raises(InputTooLongError) as error:
+            translate_stream(model, tokenizer, tmp_path / "in.txt", tmp_path / "out.txt", GREEDY)
+        messages.append(str(error.value))
+        assert not (tmp_path / "out.txt").exists()
+    assert messages[0] == messages[1]
+    assert messages[0].startswith(
+        f"{tmp_path / 'in.txt'}, line 2: 65 tokens, more than the model's longest input of 64"
+    )
+
+
+def test_ctranslate2_refuses_what_it_cannot_do_in_one_line(folder: Path, ct2_folder: Path) -> None:
+    import ctranslate2
+
+    model, tokenizer = _load(ct2_folder)
+    with pytest.raises(ValueError, match="gnmt needs the transformers backend"):
+        translate_nbest(model, tokenizer, ["w1"], DecodingOptions(length_penalty_type="gnmt"))
+    if "float16" not in ctranslate2.get_supported_compute_types("cpu"):
+        with pytest.raises(ValueError, match="--dtype float16: CTranslate2 cannot compute in it on cpu"):
+            _load(ct2_folder, dtype="float16")
+    with pytest.raises(ValueError, match="needs the transformers model folder"):
+        load_model_and_tokenizer(InferenceModelArguments(model_name_or_path=str(ct2_folder), device="cpu"))
+
+
+def test_the_cli_applies_max_length_budgets_and_dtype(folder: Path, tmp_path: Path) -> None:
+    from hf_vanilla.cli.translate import main
+
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in LINES))
+    common = ["--model_name_or_path", str(folder), "--device", "cpu", "--num_beams", "1", "--input_file",
+              str(tmp_path / "in.txt")]  # fmt: skip
+    assert main([*common, "--output_file", str(tmp_path / "a.txt"), "--max_length", "3"]) == 0
+    assert main([*common, "--output_file", str(tmp_path / "b.txt"), "--max_length", "3", "--max_tokens", "6",
+                 "--batch_size", "2", "--buffer_size", "2", "--dtype", "float32"]) == 0  # fmt: skip
+    model, tokenizer = _load(folder)
+    expected = translate(model, tokenizer, LINES, GREEDY, generate_kwargs={"max_new_tokens": 3})
+    for name in ("a.txt", "b.txt"):
+        assert (tmp_path / name).read_text().splitlines() == expected
+    assert max(len(line.split()) for line in expected) <= 3 and any(expected)
