@@ -4,10 +4,12 @@
     python scripts/gpu_check.py --device cpu --sizes tiny --steps 2 --fsdp_smoke false   # dry run
 
 1. bf16 autocast + SDPA training step (Adam, the paper's β and ε) at the Table 3 base and big sizes:
-   step time, tokens/s, model FLOP/s and MFU against ``--peak_tflops`` (dense bf16 peak of the device;
-   the default 790 is this project's planning figure for an H200 — the spec sheet lists 989 for H100/H200
-   SXM, so pass yours). FLOPs are counted analytically (matmuls only, causal self-attention counted as
+   step time, tokens/s, model FLOP/s and MFU against the device's dense bf16 peak (``--peak_tflops``, or
+   from its name: :data:`DENSE_BF16_PEAK_TFLOPS`, NVIDIA's datasheets: 989 TFLOP/s for H100 SXM and H200 SXM). FLOPs are counted analytically (matmuls only, causal self-attention counted as
    half, backward = 2 × forward) and cross-checked with ``torch.utils.flop_counter`` on one step.
+1b. The WMT14 recipe's real step (recipes/wmt14_en_de.sh on one GPU: GRAD_ACCUM=8 × --max_tokens 6250 =
+   the paper's ~25k + 25k tokens): token-budget micro-batches from the package's sampler over WMT-like
+   lengths, padding as the collator makes it, bf16, fused Adam; tokens/s (real and padded) and MFU.
 2. Peak memory of that step with and without gradient checkpointing, and the ratio.
 3. fp16 with loss scaling through the Trainer (``tests/models/test_precision.py::test_fp16_trainer_scales_the_loss_on_gpu``).
 4. FSDP smoke on the GPU(s): ``accelerate launch --config_file configs/accelerate/fsdp.yaml`` runs
@@ -37,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import HfArgumentParser
 
@@ -56,8 +59,30 @@ class CheckArguments:
     vocab_size: int = field(default=37000, metadata={"help": "Shared vocabulary (§5.1: ~37000 BPE tokens)."})
     warmup: int = field(default=5, metadata={"help": "Untimed steps first."})
     steps: int = field(default=20, metadata={"help": "Timed steps."})
-    peak_tflops: float = field(default=790.0, metadata={"help": "Dense bf16 peak of the device, TFLOP/s."})
+    peak_tflops: float = field(
+        default=0.0,
+        metadata={
+            "help": "Dense bf16 peak of the device, TFLOP/s; 0: from the device name (DENSE_BF16_PEAK_TFLOPS)."
+        },
+    )
     device: str = field(default="cuda", metadata={"help": "cuda, or cpu for a dry run of the script."})
+    recipe_check: bool = field(
+        default=True,
+        metadata={"help": "Measure the WMT14 recipe's real training step (recipes/wmt14_en_de.sh)."},
+    )
+    recipe_size: str = field(
+        default="base", metadata={"help": "Model of the recipe step: base, big (or tiny)."}
+    )
+    recipe_max_tokens: int = field(
+        default=6250, metadata={"help": "Token budget per micro-batch (the recipe's --max_tokens)."}
+    )
+    recipe_accumulation: int = field(
+        default=8,
+        metadata={
+            "help": "Micro-batches per step: 8 × 6250 = the paper's 50000 tokens on one GPU "
+            "(the recipe with GPUS_PER_NODE=1 GRAD_ACCUM=8)."
+        },
+    )
     fp16_check: bool = field(default=True, metadata={"help": "Run the fp16 loss-scaling Trainer test."})
     fsdp_smoke: bool = field(default=True, metadata={"help": "Run the FSDP train/resume/eval smoke."})
     fsdp_processes: int = field(default=1, metadata={"help": "GPUs (processes) for the FSDP smoke."})
@@ -65,6 +90,20 @@ class CheckArguments:
         default=1e-3, metadata={"help": "Resumed vs uninterrupted checkpoint-20, largest weight difference."}
     )
     output_dir: str = field(default="runs/gpu_check", metadata={"help": "Where gpu_check.json goes."})
+
+
+#: Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from NVIDIA's datasheets (they list the sparse figure,
+#: twice these): H100 SXM and H200 SXM 989 (1,979 sparse), H100 NVL / H200 NVL 835 (1,671), H100 PCIe 756
+#: (1,513), A100 312 (624). The first name found in the device name wins (most specific first).
+DENSE_BF16_PEAK_TFLOPS = {"H200 NVL": 835.0, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H200": 989.4,
+                          "H100": 989.4, "A100": 312.0}  # fmt: skip
+
+
+def peak_tflops(args: CheckArguments, device_name: str) -> float | None:
+    """``--peak_tflops``, or the datasheet peak of ``device_name``; None where unknown (a CPU dry run)."""
+    if args.peak_tflops:
+        return args.peak_tflops
+    return next((v for k, v in DENSE_BF16_PEAK_TFLOPS.items() if k in device_name), None)
 
 
 def model_config(size: str, vocab_size: int) -> VanillaTransformerConfig:
@@ -97,7 +136,7 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_step(size: str, args: CheckArguments, checkpointing: bool) -> dict[str, Any]:
+def measure_step(size: str, args: CheckArguments, checkpointing: bool, peak: float | None) -> dict[str, Any]:
     device = torch.device(args.device)
     config = model_config(size, args.vocab_size)
     model = VanillaTransformerForConditionalGeneration(config).to(device).train()
@@ -162,9 +201,91 @@ def measure_step(size: str, args: CheckArguments, checkpointing: bool) -> dict[s
             analytic_tflop_per_step=analytic / 1e12,
             counted_over_analytic=counter.get_total_flops() / analytic,
             model_tflops=analytic / seconds / 1e12,
-            mfu=analytic / seconds / (args.peak_tflops * 1e12),
+            mfu=analytic / seconds / (peak * 1e12) if peak else None,
         )
     return result
+
+
+def wmt_like_lengths(pairs: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Synthetic BPE lengths shaped like WMT14 EN-DE's (log-normal, median ~25 source tokens, a long tail to
+    250; target ≈ 1.1 × source): enough for the recipe's token-budget batches, no data needed."""
+    rng = np.random.default_rng(seed)
+    source = np.clip(np.round(rng.lognormal(np.log(25), 0.6, pairs)), 1, 250).astype(np.int64)
+    target = np.clip(np.round(source * rng.normal(1.1, 0.15, pairs)), 1, 250).astype(np.int64)
+    return source, target
+
+
+def recipe_step(args: CheckArguments, peak: float | None) -> dict[str, Any]:
+    """The WMT14 recipe's training step on one device: token-budget micro-batches of ``--recipe_max_tokens``
+    (the package's TokenBudgetBatchSampler over WMT-like lengths), ``--recipe_accumulation`` of them per
+    step, bf16 autocast, the model's label-smoothed loss, fused Adam (β = (0.9, 0.98), ε = 1e-9)."""
+    from hf_vanilla.data.batching import TokenBudgetBatchSampler
+
+    device = torch.device(args.device)
+    config = model_config(args.recipe_size, args.vocab_size)
+    model = VanillaTransformerForConditionalGeneration(config).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0,
+                                  fused=device.type == "cuda")  # fmt: skip
+    source, target = wmt_like_lengths(20_000)
+    batches = TokenBudgetBatchSampler(source, target, args.recipe_max_tokens, seed=0).global_batches()
+    generator = torch.Generator().manual_seed(0)
+
+    def micro_batch(indices: np.ndarray) -> tuple[dict[str, torch.Tensor], int]:
+        s_len, t_len = int(source[indices].max()), int(target[indices].max())
+        ids = torch.randint(4, config.vocab_size, (len(indices), s_len), generator=generator)
+        labels = torch.randint(4, config.vocab_size, (len(indices), t_len), generator=generator)
+        mask = torch.zeros_like(ids)
+        for row, i in enumerate(indices):  # padding as the collator makes it
+            ids[row, source[i] :] = config.pad_token_id
+            labels[row, target[i] :] = -100
+            mask[row, : source[i]] = 1
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        return {k: v.to(device) for k, v in batch.items()}, int(source[indices].sum() + target[indices].sum())
+
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    cursor = 0
+
+    def step() -> tuple[int, int, float]:
+        nonlocal cursor
+        padded = real = 0
+        flops = 0.0
+        for _ in range(args.recipe_accumulation):
+            indices = batches[cursor % len(batches)]
+            cursor += 1
+            batch, tokens = micro_batch(indices)
+            with autocast:
+                loss = model(**batch).loss / args.recipe_accumulation
+            loss.backward()
+            n, s_len, t_len = len(indices), batch["input_ids"].shape[1], batch["labels"].shape[1]
+            padded, real = padded + n * (s_len + t_len), real + tokens
+            flops += training_flops(config, n, s_len, t_len)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return padded, real, flops
+
+    for _ in range(args.warmup):
+        step()
+    _synchronize(device)
+    totals, start = [0, 0, 0.0], time.perf_counter()
+    for _ in range(args.steps):
+        totals = [a + b for a, b in zip(totals, step(), strict=True)]
+    _synchronize(device)
+    seconds = time.perf_counter() - start
+    return {
+        "size": args.recipe_size,
+        "tokens_per_step": f"{args.recipe_accumulation} x {args.recipe_max_tokens}",
+        "step_ms": seconds / args.steps * 1e3,
+        "padded_tokens_per_s": totals[0] / seconds,
+        "tokens_per_s": totals[1] / seconds,
+        "padding_efficiency": totals[1] / totals[0],
+        "model_tflops": totals[2] / seconds / 1e12,
+        "mfu": totals[2] / seconds / (peak * 1e12) if peak else None,
+        "peak_tflops": peak,
+    }
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _run(command: list[str], env: dict[str, str], log: Path, timeout: int) -> tuple[int, float]:
@@ -306,15 +427,16 @@ def main() -> None:
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "batch": f"{args.batch_size} x ({args.source_length} + {args.target_length}) tokens",
-        "peak_tflops": args.peak_tflops,
     }
+    peak = peak_tflops(args, environment["device"])
+    environment["peak_tflops"] = peak
     print(json.dumps(environment))
     rows = []
     for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
-        plain = measure_step(size, args, checkpointing=False)
+        plain = measure_step(size, args, checkpointing=False, peak=peak)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the model and optimizer of the last measurement are gone
-        checkpointed = measure_step(size, args, checkpointing=True)
+        checkpointed = measure_step(size, args, checkpointing=True, peak=peak)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         rows.append({**plain, "checkpointed": checkpointed})
@@ -327,9 +449,18 @@ def main() -> None:
         ck_mem = f"{ck['peak_memory_gib']:.2f}" if ck["peak_memory_gib"] is not None else "-"
         print(
             f"{row['size']:5} {row['parameters_m']:6.1f}M {row['attn_implementation']:>5} {row['step_ms']:8.1f} "
-            f"{row['tokens_per_s']:9.0f} {row['model_tflops']:8.1f} {row['mfu']:6.1%} "
+            f"{row['tokens_per_s']:9.0f} {row['model_tflops']:8.1f} {_percent(row['mfu']):>6} "
             f"{row['counted_over_analytic']:7.3f} {mem:>8} {ck_mem:>8} {ck['step_ms']:8.1f} "
             f"{row['loss_finite'] and ck['loss_finite']!s:>6}"
+        )
+    recipe = None
+    if args.recipe_check:
+        recipe = recipe_step(args, peak)
+        print(
+            f"WMT14 recipe step ({recipe['size']}, bf16, {recipe['tokens_per_step']} tokens, fused Adam): "
+            f"{recipe['step_ms']:.0f} ms, {recipe['tokens_per_s']:.0f} tokens/s "
+            f"({recipe['padded_tokens_per_s']:.0f} with padding), {recipe['model_tflops']:.1f} TFLOP/s, "
+            f"MFU {_percent(recipe['mfu'])} of {peak or '?'} TFLOP/s dense bf16"
         )
     checks = []
     if args.fp16_check:
@@ -343,7 +474,14 @@ def main() -> None:
         )
     (output_dir / "gpu_check.json").write_text(
         json.dumps(
-            {"environment": environment, "arguments": asdict(args), "steps": rows, "checks": checks}, indent=2
+            {
+                "environment": environment,
+                "arguments": asdict(args),
+                "steps": rows,
+                "recipe_step": recipe,
+                "checks": checks,
+            },
+            indent=2,
         )
     )
 

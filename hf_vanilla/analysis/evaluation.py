@@ -22,6 +22,7 @@ from typing import Any
 import evaluate
 from sacrebleu.metrics.bleu import BLEU
 
+from hf_vanilla.analysis.tokenized_bleu import TOKENIZED_BLEU_TOKENIZERS, tokenized_bleu
 from hf_vanilla.data.loading import hub_offline
 from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.inference.translation import translate
@@ -40,6 +41,7 @@ __all__ = [
     "BLEU_TOKENIZERS",
     "METRIC_PATH",
     "check_bleu_tokenize",
+    "check_tokenized_bleu",
     "compute_bleu_chrf",
     "evaluate_dataset",
     "evaluate_split_into",
@@ -63,6 +65,15 @@ def check_bleu_tokenize(name: str) -> None:
     if name not in BLEU_TOKENIZERS:
         raise ValueError(
             f"--bleu_tokenize {name!r} is not one of sacreBLEU's tokenizers: {', '.join(BLEU_TOKENIZERS)}."
+        )
+
+
+def check_tokenized_bleu(name: str | None) -> None:
+    """Refuse a ``--tokenized_bleu`` tokenizer other than :data:`TOKENIZED_BLEU_TOKENIZERS` (None: off)."""
+    if name is not None and name not in TOKENIZED_BLEU_TOKENIZERS:
+        raise ValueError(
+            f"--tokenized_bleu {name!r} is not one of {', '.join(TOKENIZED_BLEU_TOKENIZERS)} (sacreBLEU's "
+            "tokenizers used for the paper's tokenized BLEU)."
         )
 
 
@@ -108,9 +119,11 @@ def evaluate_translations(
     hypotheses_file: str | Path | None = None,
     generate_kwargs: dict[str, Any] | None = None,
     bleu_tokenize: str = "13a",
+    tokenized_bleu_tokenizer: str | None = None,
 ) -> dict[str, Any]:
     """Translate ``sources``, score them against ``references`` (BLEU with sacreBLEU's ``bleu_tokenize``)
-    and optionally write the hypotheses.
+    and optionally write the hypotheses. With ``tokenized_bleu_tokenizer`` (``"13a"`` or ``"intl"``) the
+    paper's tokenized BLEU with compound splitting is added (:func:`hf_vanilla.analysis.tokenized_bleu.tokenized_bleu`).
 
     Returns:
         the scores of :func:`compute_bleu_chrf` plus ``"num_segments"``, ``"decoding"`` (the settings,
@@ -122,6 +135,7 @@ def evaluate_translations(
             f"Got {len(sources)} source segments but {len(references)} references: the files must be parallel."
         )
     check_bleu_tokenize(bleu_tokenize)  # before the translation, not after
+    check_tokenized_bleu(tokenized_bleu_tokenizer)
     options = options or DecodingOptions()
     logger.info("Translating %d segments: %s", len(sources), options.describe())
     start = time.perf_counter()
@@ -133,6 +147,8 @@ def evaluate_translations(
             handle.write("".join(h + "\n" for h in hypotheses))
         logger.info("Wrote %s", hypotheses_file)
     scores = compute_bleu_chrf(hypotheses, references, bleu_tokenize=bleu_tokenize)
+    if tokenized_bleu_tokenizer:
+        scores.update(tokenized_bleu(hypotheses, references, tokenizer=tokenized_bleu_tokenizer))
     return {
         **scores,
         "num_segments": len(sources),

@@ -12,7 +12,8 @@ to RUN/eval-checkpoint-<step> beside it: nothing is written into a checkpoint un
 
 --sacrebleu_test_set takes a standard test set by its sacreBLEU name (sacreBLEU's own downloader and
 cache; offline, only the cache). --bleu_tokenize is sacreBLEU's -tok (13a, intl, char, zh, none, ...);
-the BLEU signature in the results names it. Writes <output_dir>/<split>.hyp.<target_lang> (one hypothesis per line) and
+the BLEU signature in the results names it. --tokenized_bleu 13a adds the paper's tokenized BLEU with
+compound splitting (hf_vanilla.analysis.tokenized_bleu; docs/reproducing.md, "How the scores are computed"). Writes <output_dir>/<split>.hyp.<target_lang> (one hypothesis per line) and
 <output_dir>/<split>.results.json (scores, sacreBLEU signatures, decoding settings and seconds), which
 hf-vanilla-publish puts on the model card. Prints BLEU, chrF and the decoding time; compare stopping
 rules with --early_stopping never|true|false. Existing result files are kept unless --overwrite is given.
@@ -28,6 +29,7 @@ from pathlib import Path
 from hf_vanilla.analysis.evaluation import (
     BLEU_TOKENIZERS,
     check_bleu_tokenize,
+    check_tokenized_bleu,
     evaluate_split_into,
     load_sacrebleu_test_set,
     parallel_columns,
@@ -73,6 +75,13 @@ class EvalArguments:
             "help": "With --sacrebleu_test_set: SRC-TGT, e.g. de-en (default: --source_lang-target_lang)."
         },
     )
+    tokenized_bleu: str | None = field(
+        default=None,
+        metadata={
+            "help": "Also report the paper's tokenized BLEU with compound splitting (after tensor2tensor's "
+            "get_ende_bleu.sh; Table 2's scores) with this sacreBLEU tokenizer in place of Moses': 13a or intl."
+        },
+    )
     overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
 
 
@@ -90,6 +99,7 @@ def _run(argv: list[str]) -> None:
         argv, (InferenceModelArguments, DataArguments, DecodingOptions, EvalArguments), __doc__
     )
     check_bleu_tokenize(eval_args.bleu_tokenize)
+    check_tokenized_bleu(eval_args.tokenized_bleu)
     test_set = eval_args.sacrebleu_test_set
     if test_set and eval_args.language_pair:
         if eval_args.language_pair.count("-") != 1:
@@ -128,6 +138,7 @@ def _run(argv: list[str]) -> None:
             batch_size=model_args.batch_size,
             device=model_args.device,
             bleu_tokenize=eval_args.bleu_tokenize,
+            tokenized_bleu_tokenizer=eval_args.tokenized_bleu,
         )
     except InputTooLongError as err:  # name the file and line, not "sentence N"
         files = data_args.local_files().get(split)
@@ -138,10 +149,9 @@ def _run(argv: list[str]) -> None:
         else:
             where = f"{dataset_name}, {split} example {err.index + 1}"
         raise InputTooLongError(err.index, err.length, err.limit, where) from None
-    summary = {
-        key: results[key]
-        for key in ("bleu", "chrf", "decoding_seconds", "bleu_signature", "chrf_signature", "num_segments")
-    }
+    keys = ("bleu", "chrf", "decoding_seconds", "bleu_signature", "chrf_signature", "num_segments")
+    keys += ("tokenized_bleu", "tokenized_bleu_method") if eval_args.tokenized_bleu else ()
+    summary = {key: results[key] for key in keys}
     print(json.dumps({**summary, "decoding": decoding.describe(), "results_file": str(path)}, indent=2))
 
 

@@ -261,6 +261,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path) -> None:
     command = [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--device", "cpu", "--sizes", "tiny"]
     command += ["--batch_size", "2", "--source_length", "8", "--target_length", "8", "--vocab_size", "300"]
     command += ["--warmup", "0", "--steps", "1", "--fp16_check", "false", "--fsdp_smoke", "false"]
+    command += ["--recipe_size", "tiny", "--recipe_max_tokens", "96", "--recipe_accumulation", "2"]
     command += ["--output_dir", str(tmp_path / "out")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -268,3 +269,6 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text(encoding="utf-8"))
     [row] = report["steps"]
     assert row["size"] == "tiny" and row["loss_finite"] and row["checkpointed"]["loss_finite"]
+    recipe = report["recipe_step"]  # the WMT14 recipe's step: token-budget micro-batches, padding counted
+    assert recipe["tokens_per_s"] > 0 and 0 < recipe["padding_efficiency"] <= 1 and recipe["mfu"] is None
+    assert "WMT14 recipe step (tiny, bf16, 2 x 96 tokens" in done.stdout
