@@ -1,9 +1,10 @@
 """Saving the Transformer of :mod:`modeling_vanilla_transformer` as a self-contained folder.
 
-``save_pretrained`` after ``register_for_auto_class`` writes an ``auto_map`` for the config and both
-model classes, and keeps hf_vanilla's code (not torch's FSDP2 wrapper class) in the folder. It imports
-only torch and transformers: it travels with the modeling file into a Hub folder, so a model loaded
-from one saves the same way.
+Every ``save_pretrained`` (a user's, ``push_to_hub``'s, the stock Trainer's) writes an ``auto_map`` for
+the config and both model classes and the ``custom_pipelines`` entry, and the folder holds the code
+they name (hf_vanilla's, not torch's FSDP2 wrapper class), the pipeline file included (imported
+relatively below, so it travels). It imports only torch and transformers: it travels with the modeling
+file into a Hub folder, so a model loaded from one with ``trust_remote_code=True`` saves the same way.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from transformers.dynamic_module_utils import custom_object_save
 def restored_auto_class_registration(model: PreTrainedModel, *config_keys: str) -> Iterator[None]:
     """On leaving, put back what was there on entering: the ``_auto_class`` registration of the model's
     and its config's classes (``register_for_auto_class`` sets it on the class) and the config's
-    ``config_keys`` entries (e.g. ``auto_map``, present or absent). The one place that restores them,
-    for :meth:`VanillaTransformerSavingMixin.save_pretrained` and ``hf_vanilla.hub``."""
+    ``config_keys`` entries (e.g. ``auto_map``, present or absent), for
+    :meth:`VanillaTransformerSavingMixin.save_pretrained`."""
     config = model.config
     classes = [
         (cls, "_auto_class" in cls.__dict__, cls.__dict__.get("_auto_class"))
