@@ -1,7 +1,8 @@
 """hf_vanilla: the original Transformer (Vaswani et al., 2017) as a Hugging Face transformers model.
 
 Importing the package registers ``vanilla_transformer`` with ``AutoConfig``, ``AutoModel`` and
-``AutoModelForSeq2SeqLM``, and the ``vanilla-translation`` pipeline with transformers' pipeline registry.
+``AutoModelForSeq2SeqLM``, and the ``vanilla-translation`` pipeline with transformers' pipeline registry:
+``pipeline("vanilla-translation", model=folder)`` then needs no ``trust_remote_code``, as ``AutoModel...``.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
@@ -30,6 +31,9 @@ if PIPELINE_TASK not in PIPELINE_REGISTRY.supported_tasks:
     PIPELINE_REGISTRY.register_pipeline(
         PIPELINE_TASK, pipeline_class=VanillaTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
     )
+# A folder's config.json lists the pipeline under custom_pipelines (for where hf_vanilla is not installed);
+# here the registered one is used, with no trust_remote_code, as for the model classes.
+VanillaTransformerConfig.registered_pipelines = (PIPELINE_TASK,)
 
 __all__ = [
     "PIPELINE_TASK",

@@ -4,15 +4,14 @@ the travelling code files, tokenizer), and its check."""
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from huggingface_hub import ModelCard
-from transformers.dynamic_module_utils import custom_object_save, get_relative_imports
+from transformers.dynamic_module_utils import get_relative_imports
 
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig
@@ -22,7 +21,6 @@ from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
 )
 from hf_vanilla.models.vanilla_transformer.pipeline_vanilla_transformer import TASK as PIPELINE_TASK
 from hf_vanilla.models.vanilla_transformer.pipeline_vanilla_transformer import VanillaTranslationPipeline
-from hf_vanilla.models.vanilla_transformer.saving_vanilla_transformer import restored_auto_class_registration
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +29,6 @@ __all__ = [
     "TRAINING_ARGS_JSON",
     "finish_model_folder",
     "limit_tokenizer_length",
-    "registered_for_remote_code",
     "save_for_hub",
     "save_model_folder",
 ]
@@ -65,20 +62,6 @@ CUSTOM_PIPELINES = {
 }
 
 
-@contextlib.contextmanager
-def registered_for_remote_code(model: Any) -> Iterator[None]:
-    """While inside, ``model.save_pretrained`` writes the modeling code (and its relative imports,
-    ``fast_paths.py``, ``generation_vanilla_transformer.py``, ``saving_vanilla_transformer.py``), an ``auto_map`` for ``AutoConfig``,
-    ``AutoModel`` and ``AutoModelForSeq2SeqLM``, and the pipeline entry. The classes' registration and the config are restored afterwards."""
-    with restored_auto_class_registration(model, "auto_map", "custom_pipelines"):
-        # The model's save_pretrained maps AutoConfig, AutoModel and AutoModelForSeq2SeqLM once registered
-        # (transformers alone would map only the saved class and AutoConfig); _check_folder verifies it.
-        model.config.register_for_auto_class("AutoConfig")
-        model.register_for_auto_class("AutoModelForSeq2SeqLM")
-        model.config.custom_pipelines = CUSTOM_PIPELINES
-        yield
-
-
 def limit_tokenizer_length(tokenizer: Any, config: Any) -> None:
     """Set ``tokenizer.model_max_length`` (unset: 1e30) to the model's ``max_position_embeddings``, the
     longest input the model is meant for, so that ``truncation=True`` and the length warning use it."""
@@ -87,11 +70,10 @@ def limit_tokenizer_length(tokenizer: Any, config: Any) -> None:
 
 
 def finish_model_folder(folder: str | Path) -> None:
-    """Copy the pipeline code into a folder saved inside :func:`registered_for_remote_code`, then check it:
-    weights in safetensors, ``auto_map`` with its code files, no pickle."""
-    folder = Path(folder)
-    custom_object_save(VanillaTranslationPipeline, folder)
-    _check_folder(folder)
+    """Check a folder written by the model's ``save_pretrained`` (which makes it self-contained, see
+    ``saving_vanilla_transformer``): weights in safetensors, ``auto_map`` and ``custom_pipelines`` with
+    their code files, no pickle."""
+    _check_folder(Path(folder))
 
 
 def save_model_folder(model: Any, tokenizer: Any | None, folder: str | Path) -> Path:
@@ -105,8 +87,7 @@ def save_model_folder(model: Any, tokenizer: Any | None, folder: str | Path) -> 
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with registered_for_remote_code(model):
-        model.save_pretrained(folder)
+    model.save_pretrained(folder)
     if tokenizer is not None:
         limit_tokenizer_length(tokenizer, model.config)
         tokenizer.save_pretrained(folder)
@@ -125,8 +106,6 @@ def save_for_hub(
     :func:`save_model_folder`, the card as ``README.md`` and ``metadata`` (e.g. scores and decoding
     settings) as ``hub_metadata.json``.
 
-    The model's classes are registered for the Auto classes only while saving, so later checkpoints
-    written by the same process are not changed by it.
     """
     folder = save_model_folder(model, tokenizer, folder)
     card.save(folder / "README.md")
@@ -150,8 +129,11 @@ def _check_folder(folder: Path, needed: Sequence[str] = ()) -> None:
         raise RuntimeError(
             f"The model folder {folder} holds pickled files {pickles}: write them as safetensors/JSON."
         )
-    auto_map = json.loads((folder / "config.json").read_text()).get("auto_map", {})
+    config = json.loads((folder / "config.json").read_text())
+    auto_map = config.get("auto_map", {})
     missing += [f"auto_map[{key}]" for key in AUTO_MAP if key not in auto_map]
+    if config.get("custom_pipelines") != CUSTOM_PIPELINES:
+        missing.append(f"custom_pipelines {CUSTOM_PIPELINES}")
     foreign = [f"{key} -> {value!r}" for key, value in auto_map.items() if AUTO_MAP.get(key) != value]
     if foreign:
         raise RuntimeError(

@@ -26,7 +26,6 @@ from hf_vanilla.hub.folder import (
     TRAINING_ARGS_JSON,
     finish_model_folder,
     limit_tokenizer_length,
-    registered_for_remote_code,
 )
 from hf_vanilla.training.launch_checks import check_fsdp_honoured
 from hf_vanilla.training.resilience import ResilientTrainerMixin
@@ -357,8 +356,7 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
         model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
         if self.processing_class is not None:
             limit_tokenizer_length(self.processing_class, model.config)
-        with registered_for_remote_code(model):
-            super()._save(output_dir, state_dict)
+        super()._save(output_dir, state_dict)  # the model's save_pretrained writes the code and auto_map
         if self.args.should_save:
             folder = Path(output_dir if output_dir is not None else self.args.output_dir)
             (folder / TRAINING_ARGS_NAME).unlink(missing_ok=True)

@@ -20,11 +20,17 @@ from helpers import SENTENCES, assert_self_contained, marian, run_card, save_wit
 from huggingface_hub import ModelCard
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard import _fsdp_init
-from transformers import AutoTokenizer, DataCollatorForSeq2Seq, modeling_utils, pipeline
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    modeling_utils,
+    pipeline,
+)
 
 import hf_vanilla
 from hf_vanilla.hub.card import MULTI30K, render_model_card
-from hf_vanilla.hub.folder import save_for_hub, save_model_folder
+from hf_vanilla.hub.folder import finish_model_folder, save_for_hub, save_model_folder
 from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.interop.convert import convert
 from hf_vanilla.training.arguments import PaperTrainingArguments
@@ -249,7 +255,44 @@ def test_pipeline_is_registered_and_takes_per_call_settings(model, tokenizer) ->
         ids = model.generate(**tokenizer(["w1 w2 w3"], return_tensors="pt"), num_beams=1, max_new_tokens=3)
     assert single == {"translation_text": tokenizer.decode(ids[0], skip_special_tokens=True)}
     assert len(translator(SENTENCES, batch_size=2, max_new_tokens=3)) == len(SENTENCES)
-    with pytest.raises(TypeError, match="translates strings"):
+    with pytest.raises(ValueError, match="translates strings; got int"):
         translator([1, 2])
     with pytest.raises(ValueError, match="one translation per input"):
         translator("w1", num_return_sequences=2)
+
+
+def test_plain_save_pretrained_writes_a_self_contained_folder(tokenizer, tmp_path: Path) -> None:
+    """``save_pretrained`` as users (and the stock Trainer, ``push_to_hub``) call it, of a model built from a
+    config or loaded from a folder (whose config carries the loaded ``auto_map`` and ``custom_pipelines``):
+    the folder holds every code file its ``config.json`` names, the pipeline's included, and the model is
+    left as it was. (The clean-interpreter load of such folders: tests/hub/test_stock_writers.py.)"""
+    source = save_model_folder(tiny_model(), tokenizer, tmp_path / "source")
+    for name, model in (
+        ("built", tiny_model()),
+        ("loaded", AutoModelForSeq2SeqLM.from_pretrained(source)),
+        ("loaded-trusted", AutoModelForSeq2SeqLM.from_pretrained(source, trust_remote_code=True)),
+    ):
+        before = [getattr(model.config, key, None) for key in ("auto_map", "custom_pipelines")]
+        model.save_pretrained(tmp_path / name)
+        finish_model_folder(tmp_path / name)  # auto_map and custom_pipelines with their code files
+        assert {p.name for p in (tmp_path / name).glob("*.py")} == {p.name for p in source.glob("*.py")}
+        assert type(model)._auto_class is None
+        assert [getattr(model.config, key, None) for key in ("auto_map", "custom_pipelines")] == before
+
+
+def test_pipeline_from_a_folder_needs_no_trust_remote_code_as_auto_model(tokenizer, tmp_path: Path) -> None:
+    """With hf_vanilla imported the registered pipeline serves a folder that advertises its own (as the
+    registered model class does for ``AutoModelForSeq2SeqLM``); an empty list gives an empty list; bad
+    input is one ValueError line."""
+    folder = save_model_folder(tiny_model(), tokenizer, tmp_path / "out")
+    assert hf_vanilla.PIPELINE_TASK in json.loads((folder / "config.json").read_text())["custom_pipelines"]
+    translator = pipeline(hf_vanilla.PIPELINE_TASK, model=str(folder))
+    assert type(translator) is hf_vanilla.VanillaTranslationPipeline
+    assert translator([]) == [] and translator(()) == []
+    assert translator(("w1", "w2"), max_new_tokens=3) == translator(["w1", "w2"], max_new_tokens=3)
+    for bad in (None, [None], ["w1", 3]):
+        with pytest.raises(ValueError, match="translates strings") as error:
+            translator(bad)
+        assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="one translation per input"):
+        translator([], num_return_sequences=2)

@@ -56,6 +56,12 @@ class VanillaTransformerConfig(PretrainedConfig):
         "num_attention_heads": "encoder_attention_heads",
         "num_hidden_layers": "encoder_layers",
     }
+    #: The pipeline tasks registered in this process by the installed hf_vanilla (``import hf_vanilla`` sets
+    #: it; a class attribute, not a field). A config of this class drops ``config.json``'s
+    #: ``custom_pipelines`` entries for them, so that ``pipeline(task, model=folder)`` takes the registered
+    #: pipeline without ``trust_remote_code``, as ``AutoModel...`` takes the registered model class; the
+    #: model's ``save_pretrained`` writes the entries again.
+    registered_pipelines = ()
 
     # The paper's model (Table 3, base)
     vocab_size: int = 37000
@@ -97,6 +103,12 @@ class VanillaTransformerConfig(PretrainedConfig):
             self.decoder_vocab_size = None
         if self.decoder_start_token_id is None:
             self.decoder_start_token_id = self.bos_token_id
+        if kwargs.get("custom_pipelines") and self.registered_pipelines:
+            kwargs = {**kwargs}
+            custom = kwargs.pop("custom_pipelines")
+            custom = {task: entry for task, entry in custom.items() if task not in self.registered_pipelines}
+            if custom:
+                kwargs["custom_pipelines"] = custom
         super().__post_init__(**kwargs)
         # Raise the ValueError itself here; `@strict` runs the same check again (wrapped) on `validate()`.
         self.validate_architecture()

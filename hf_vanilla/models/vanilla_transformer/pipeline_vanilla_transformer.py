@@ -6,17 +6,19 @@ text. This small :class:`transformers.Pipeline` takes their place under a task n
 
     from transformers import pipeline
 
-    translator = pipeline("vanilla-translation", model="path/to/model", trust_remote_code=True)
+    translator = pipeline("vanilla-translation", model="path/to/model")  # trust_remote_code=True without hf_vanilla
     translator(["A man rides a bike.", "Two dogs play."], batch_size=8)
     # [{'translation_text': '...'}, {'translation_text': '...'}]
     translator("A man rides a bike.", num_beams=1, max_new_tokens=20)  # per-call generate() settings
+    translator([])  # []
 
 Decoding uses the model's ``generation_config.json`` (the paper's beam 4 and α = 0.6, output length
 bounded by the input length + 50); any ``generate()`` argument given at construction or per call
-overrides it. ``import hf_vanilla`` registers the task with transformers' ``PIPELINE_REGISTRY``; the
-model folders hf_vanilla writes carry this file and list it under ``custom_pipelines`` in
-``config.json``, so the same call works where hf_vanilla is not installed (``trust_remote_code=True``).
-This module imports only transformers, for that reason.
+overrides it. ``import hf_vanilla`` registers the task with transformers' ``PIPELINE_REGISTRY``, so
+``trust_remote_code`` is not needed there; every model folder (any ``save_pretrained``, hence the Trainer
+and ``push_to_hub`` too) carries this file and lists it under ``custom_pipelines`` in ``config.json``, so
+the same call works where hf_vanilla is not installed (``trust_remote_code=True``). This module imports
+only transformers, for that reason.
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ class VanillaTranslationPipeline(Pipeline):
     _load_feature_extractor = False
     _load_tokenizer = True
 
+    def __call__(self, inputs: str | list[str] | tuple[str, ...], *args: Any, **kwargs: Any) -> Any:
+        """Translate ``inputs``: a string gives one result, a list or tuple a list of results (empty for
+        an empty one, where transformers' ``Pipeline`` would end in an IndexError)."""
+        if isinstance(inputs, tuple):  # transformers batches lists only
+            inputs = list(inputs)
+        if isinstance(inputs, list) and not inputs:
+            self._sanitize_parameters(**kwargs)  # the settings are checked all the same
+            return []
+        return super().__call__(inputs, *args, **kwargs)
+
     def _sanitize_parameters(
         self, truncation: bool | None = None, **generate_kwargs: Any
     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -58,7 +70,7 @@ class VanillaTranslationPipeline(Pipeline):
 
     def preprocess(self, text: str, truncation: bool = False) -> dict[str, Any]:
         if not isinstance(text, str):
-            raise TypeError(
+            raise ValueError(
                 f"{type(self).__name__} translates strings; got {type(text).__name__}. Pass a string or a list "
                 "of strings."
             )

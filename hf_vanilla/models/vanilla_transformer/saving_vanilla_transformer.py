@@ -1,9 +1,10 @@
 """Saving the Transformer of :mod:`modeling_vanilla_transformer` as a self-contained folder.
 
-``save_pretrained`` after ``register_for_auto_class`` writes an ``auto_map`` for the config and both
-model classes, and keeps hf_vanilla's code (not torch's FSDP2 wrapper class) in the folder. It imports
-only torch and transformers: it travels with the modeling file into a Hub folder, so a model loaded
-from one saves the same way.
+Every ``save_pretrained`` (a user's, ``push_to_hub``'s, the stock Trainer's) writes an ``auto_map`` for
+the config and both model classes and the ``custom_pipelines`` entry, and the folder holds the code
+they name (hf_vanilla's, not torch's FSDP2 wrapper class), the pipeline file included (imported
+relatively below, so it travels). It imports only torch and transformers: it travels with the modeling
+file into a Hub folder, so a model loaded from one with ``trust_remote_code=True`` saves the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.dynamic_module_utils import custom_object_save
 
 
@@ -20,8 +21,8 @@ from transformers.dynamic_module_utils import custom_object_save
 def restored_auto_class_registration(model: PreTrainedModel, *config_keys: str) -> Iterator[None]:
     """On leaving, put back what was there on entering: the ``_auto_class`` registration of the model's
     and its config's classes (``register_for_auto_class`` sets it on the class) and the config's
-    ``config_keys`` entries (e.g. ``auto_map``, present or absent). The one place that restores them,
-    for :meth:`VanillaTransformerSavingMixin.save_pretrained` and ``hf_vanilla.hub``."""
+    ``config_keys`` entries (e.g. ``auto_map``, present or absent), for
+    :meth:`VanillaTransformerSavingMixin.save_pretrained`."""
     config = model.config
     classes = [
         (cls, "_auto_class" in cls.__dict__, cls.__dict__.get("_auto_class"))
@@ -47,41 +48,62 @@ class VanillaTransformerSavingMixin:
     """``save_pretrained`` for the model classes (a base of ``VanillaTransformerPreTrainedModel``)."""
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: object, **kwargs: object) -> None:
-        """``PreTrainedModel.save_pretrained``; after ``register_for_auto_class`` the saved
-        ``auto_map`` names the config and *both* model classes (AutoConfig, AutoModel,
-        AutoModelForSeq2SeqLM), which live in the modeling file, and the folder holds that file and its
-        relative imports. The in-memory config is left as it was.
+        """``PreTrainedModel.save_pretrained``, writing a folder that loads where hf_vanilla is not installed
+        (``trust_remote_code=True``), whoever calls it: a user, ``push_to_hub``, the stock ``Trainer``.
+        ``config.json``'s ``auto_map`` names the config and *both* model classes (AutoConfig, AutoModel,
+        AutoModelForSeq2SeqLM), and for the generating model ``custom_pipelines`` names the
+        ``vanilla-translation`` pipeline; the folder holds the modeling file and its relative imports
+        (configuration, fast paths, generation, saving and the pipeline file, which this file imports).
+        Without it a model loaded from a folder would be saved with the loaded ``auto_map`` and no code.
+        The in-memory config and the classes' ``_auto_class`` are left as they were.
 
         Under FSDP2 the folder still holds the modeling file: ``fully_shard`` swaps the model's class for
         ``FSDP<Name>``, a subclass created in torch's ``_fsdp_init``, whose file transformers
-        (``custom_object_save``) would copy and name instead; the modeling file is then added after the save.
-        A user's own subclass is saved the way transformers saves any registered class (its file).
+        (``custom_object_save``) would copy and name instead; the modeling file is then added after the
+        save. A user's own subclass registered with ``register_for_auto_class`` is saved the way
+        transformers saves any registered class (its file); an unregistered one is saved as the hf_vanilla
+        class it extends.
         """
-        own = type(self)
-        if own.__module__.startswith("torch.distributed.fsdp"):  # FSDP2's class: the one it wraps
-            own = next(cls for cls in own.__mro__ if not cls.__module__.startswith("torch.distributed.fsdp"))
         modeling = next(
-            cls for cls in own.__mro__ if VanillaTransformerSavingMixin in cls.__bases__
+            cls for cls in type(self).__mro__ if VanillaTransformerSavingMixin in cls.__bases__
         ).__module__
-        if self._auto_class is None or own.__module__ != modeling:
-            return super().save_pretrained(save_directory, *args, **kwargs)
+        if type(self).__module__ != modeling and "_auto_class" in type(self).__dict__:
+            return super().save_pretrained(save_directory, *args, **kwargs)  # a user's registered class
+        own = next(cls for cls in type(self).__mro__ if cls.__module__ == modeling)  # hf_vanilla's class
         module = modeling.rsplit(".", 1)[-1]
-        with restored_auto_class_registration(self, "auto_map"):
+        generating = isinstance(self, GenerationMixin)
+        auto_class = self._auto_class or ("AutoModelForSeq2SeqLM" if generating else "AutoModel")
+        with restored_auto_class_registration(self, "auto_map", "custom_pipelines"):
             self.config.register_for_auto_class()  # AutoConfig; a class attribute
             self.config.auto_map = {
                 **(self.config.__dict__.get("auto_map") or {}),
                 "AutoModel": f"{module}.VanillaTransformerModel",
                 "AutoModelForSeq2SeqLM": f"{module}.VanillaTransformerForConditionalGeneration",
-                self._auto_class: f"{module}.{own.__name__}",
+                auto_class: f"{module}.{own.__name__}",
             }
+            if generating:
+                from .pipeline_vanilla_transformer import TASK, VanillaTranslationPipeline
+
+                pipeline_module = VanillaTranslationPipeline.__module__.rsplit(".", 1)[-1]
+                self.config.custom_pipelines = {
+                    **(self.config.__dict__.get("custom_pipelines") or {}),
+                    TASK: {
+                        "impl": f"{pipeline_module}.{VanillaTranslationPipeline.__name__}",
+                        "pt": ["AutoModelForSeq2SeqLM"],
+                        "type": "text",
+                    },
+                }
             if own is type(self):  # transformers copies the modeling file (and uploads it with push_to_hub)
+                own._auto_class = auto_class
                 return super().save_pretrained(save_directory, *args, **kwargs)
             if kwargs.get("push_to_hub"):
                 raise ValueError(
-                    "save_pretrained(push_to_hub=True) of an FSDP2-sharded model would upload the folder before "
+                    f"save_pretrained(push_to_hub=True) of a {type(self).__name__} would upload the folder before "
                     "its code file is added: save it, then push the folder (hf upload REPO FOLDER .)."
                 )
-            type(self)._auto_class = None  # not torch's _fsdp_init.py: the modeling file, below
+            type(
+                self
+            )._auto_class = None  # not this class's file (e.g. torch's _fsdp_init.py) but the modeling file:
             super().save_pretrained(save_directory, *args, **kwargs)
             is_main_process = args[0] if args else kwargs.get("is_main_process", True)
             if self.should_save_on_this_rank(bool(is_main_process)):
