@@ -27,7 +27,7 @@ from hf_vanilla.hub.card import (
 )
 from hf_vanilla.hub.folder import finish_model_folder, save_for_hub, save_model_folder
 from hf_vanilla.hub.push import HubPushError, PublishArguments, publish, push_to_hub
-from hf_vanilla.hub.record import write_training_record
+from hf_vanilla.hub.record import read_training_record, write_training_record
 from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.io.checksums import weights_fingerprint
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES
@@ -533,6 +533,13 @@ def test_train_push_offline_is_one_line_and_keeps_the_folders(
     assert not _files_naming(run / "hub", tmp_path), "a local path leaves the machine"
     card = (run / "hub" / "README.md").read_text()
     assert "with hf_vanilla's Trainer recipe (§5). The weights are the average of its last 2" in card
+    # The run recorded a few of its training sources; the averaged folder keeps them; the card shows them.
+    record = read_training_record(run / "averaged")
+    assert "averaging 2 of its checkpoints" in record["trained_with"]
+    assert record["example_sources"] and set(record["example_sources"]) <= {
+        f"w{i} w{i + 1} w{i + 2}" for i in range(16)
+    }
+    assert f'tokenizer(["{record["example_sources"][0]}"]' in card
     # The averaged folder keeps the run's record, so hf-vanilla-publish on it finds the card's data.
     args = PublishArguments(output_dir=str(tmp_path / "republish"))
     card_data_recorded_in(run / "averaged", args)
