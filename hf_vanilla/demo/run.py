@@ -17,7 +17,8 @@ held-out numbers, with BLEU and chrF reported alongside.
 Written to ``--output_dir``: the model (``model.safetensors``, ``config.json``,
 ``generation_config.json`` and the modeling code, so it loads with ``trust_remote_code=True`` where
 hf_vanilla is not installed), the tokenizer, a model card (``README.md``), ``demo_results.json``,
-``test_translations.tsv`` and the pictures ``training_curves.png``, ``positional_encoding.png``,
+``training_record.json`` (title, data and a few of the trained numbers, which the web page and
+``hf-vanilla-publish`` show), ``test_translations.tsv`` and the pictures ``training_curves.png``, ``positional_encoding.png``,
 ``cross_attention_grid.png`` and ``cross_attention_mean.png``.
 """
 
@@ -46,8 +47,10 @@ from hf_vanilla.data.tokenization import (
     train_tokenizer_from_dataset,
 )
 from hf_vanilla.hub.card import DatasetCard, render_model_card
+from hf_vanilla.hub.record import MAX_EXAMPLES, write_training_record
 from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.io.atomic import OVERWRITE_HELP, atomic_directory, refuse_to_replace
+from hf_vanilla.io.checksums import weights_fingerprint
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
@@ -313,6 +316,9 @@ def _run_demo(args: DemoArguments, output_dir: Path) -> dict[str, Any]:
     train_seconds = time.perf_counter() - train_start
     trainer.save_model()  # weights, config, generation config (beam 4, α = 0.6) and tokenizer
     trainer.save_state()
+    # A few numbers it was trained on, for the web page and the model card (several words where possible)
+    train_sources = [pair["en"] for pair in data["train"]["translation"]]
+    examples = ([text for text in train_sources if " " in text] or train_sources)[:MAX_EXAMPLES]
 
     # Held-out numbers, decoded as in the paper (§6.1: beam 4, α = 0.6, max length = input + 50).
     decoding = DecodingOptions()
@@ -339,6 +345,14 @@ def _run_demo(args: DemoArguments, output_dir: Path) -> dict[str, Any]:
     plot_cross_attention(model, tokenizer, reordered["en"], output_dir, prefix="cross_attention")
 
     results = {
+        # what hf-vanilla-evaluate's results name, so that hf-vanilla-publish takes this file
+        "split": "test",
+        "source_lang": "en",
+        "target_lang": "de",
+        "model": args.output_dir,
+        "model_sha256": weights_fingerprint(output_dir),
+        "dataset_name": DEMO_DATASET.name,
+        "num_segments": scores["num_segments"],
         "exact_match": exact_match,
         "bleu": char_scores["bleu"],
         "bleu_signature": char_scores["bleu_signature"],
@@ -357,6 +371,22 @@ def _run_demo(args: DemoArguments, output_dir: Path) -> dict[str, Any]:
         "samples": sample_rows,
         "settings": asdict(args),
     }
+    title = "hf_vanilla demo: a small Transformer for English → German numbers"
+    summary = (
+        f"Trained for {trainer.state.global_step} steps ({train_seconds:.0f} s on "
+        f"{_threads(torch.get_num_threads())}) with `python -m hf_vanilla.demo`; exact match on "
+        f"{len(pairs)} held-out numbers: {exact_match:.1%}."
+    )
+    write_training_record(
+        output_dir,
+        trained_with="`python -m hf_vanilla.demo` (hf_vanilla's Trainer recipe, §5, at a small scale)",
+        title=title,
+        summary=summary,
+        dataset=asdict(DEMO_DATASET),
+        source_lang="en",
+        target_lang="de",
+        example_sources=examples,
+    )
     card = render_model_card(
         model.config,
         [
@@ -373,14 +403,11 @@ def _run_demo(args: DemoArguments, output_dir: Path) -> dict[str, Any]:
         "de",
         dataset=DEMO_DATASET,
         repo_id=args.output_dir,
-        model_name="hf_vanilla demo: a small Transformer for English → German numbers",
+        model_name=title,
         num_parameters=model.num_parameters(),
-        training_summary=(
-            f"Trained for {trainer.state.global_step} steps ({train_seconds:.0f} s on "
-            f"{_threads(torch.get_num_threads())}) with `python -m hf_vanilla.demo`; exact match on "
-            f"{len(pairs)} held-out numbers: {exact_match:.1%}."
-        ),
-        example_source="three thousand four hundred twenty-one",
+        training_summary=summary,
+        example_source=examples[0],
+        training_examples=examples,
     )
     card.save(str(output_dir / "README.md"))
     results["total_seconds"] = round(time.perf_counter() - start, 1)

@@ -12,6 +12,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from hf_vanilla.hub.folder import TRAINING_ARGS_JSON
+from hf_vanilla.hub.record import read_training_record
 from hf_vanilla.io.checksums import weights_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -23,17 +24,21 @@ __all__ = [
     "DatasetCard",
     "DatasetCardArguments",
     "card_data_recorded_in",
+    "card_title",
     "check_results_model",
     "dataset_card_from_args",
     "default_template_path",
     "load_results",
+    "recorded_dataset",
     "render_model_card",
     "summarize_training",
+    "without_local_paths",
 ]
 
 _LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "cs": "Czech"}
 
-_EXAMPLES = {"en": "A man rides a bike.", "de": "Ein Mann fährt Fahrrad.", "fr": "Un homme fait du vélo."}
+#: The title of a card whose folder records none and that has no Hub id.
+GENERIC_TITLE = "Transformer (Attention Is All You Need), {source} → {target}"
 
 
 @dataclass
@@ -97,6 +102,7 @@ def render_model_card(
     num_parameters: int | None = None,
     training_summary: str | None = None,
     example_source: str | None = None,
+    training_examples: Sequence[str] = (),
     extra_tags: Sequence[str] = (),
     code_url: str | None = None,
     template_path: str | Path | None = None,
@@ -114,6 +120,8 @@ def render_model_card(
         dataset: the data's name, link, terms and the resulting license of the weights (no default:
             the card must name the data the model was trained on).
         code_url: where the hf_vanilla code lives (linked from the card when given).
+        example_source: the sentence of the usage example (default: a placeholder, never another
+            model's sentence); training_examples: sources the model was trained on, listed on the card.
     """
     required = ("split", "bleu", "chrf", "bleu_signature", "chrf_signature", "num_segments")
     for result in results:
@@ -184,7 +192,8 @@ def render_model_card(
         decoding=decoding.get("description", str(decoding)),
         length_penalty_type=decoding.get("length_penalty_type", "hf"),
         training_summary=training_summary,
-        example_source=example_source or _EXAMPLES.get(source_lang, "..."),
+        example_source=example_source or f"<a sentence in {_LANGUAGE_NAMES.get(source_lang, source_lang)}>",
+        training_examples=list(training_examples),
     )
 
 
@@ -345,16 +354,69 @@ def load_results(paths: Sequence[str | Path], model_dir: str | Path | None = Non
     return results
 
 
-def summarize_training(model_dir: str | Path) -> str | None:
-    """A sentence from ``trainer_state.json`` in the model folder, if there is one."""
+def summarize_training(model_dir: str | Path) -> str:
+    """The card's training paragraph: the folder's record (:mod:`hf_vanilla.hub.record`) says how the weights
+    were produced, ``trainer_state.json`` how long; what the folder does not record is "unknown"."""
+    record = read_training_record(model_dir)
+    if record is not None and record.get("summary"):
+        return record["summary"]
     state_file = Path(model_dir) / "trainer_state.json"
-    if not state_file.is_file():
-        return None
-    state = json.loads(state_file.read_text())
+    state = json.loads(state_file.read_text(encoding="utf-8")) if state_file.is_file() else None
+    how = (
+        f"with {record['trained_with']}"
+        if record is not None
+        else "by a recipe the folder does not record (unknown)"
+    )
+    if state is None:
+        if record is None:
+            return "Unknown: the model folder does not record how these weights were trained."
+        return f"Trained {how}."
     parts = [f"Trained for {state.get('global_step', '?')} optimizer steps"]
     if state.get("epoch") is not None:
         parts.append(f"({float(state['epoch']):.1f} epochs)")
-    text = " ".join(parts) + " with hf_vanilla's Trainer recipe (§5)."
+    text = " ".join(parts) + f" {how}."
     if state.get("best_metric") is not None and state.get("best_model_checkpoint"):
         text += f" Best validation metric during training: {float(state['best_metric']):.2f}."
     return text
+
+
+def card_title(
+    args_title: str | None,
+    record: dict[str, Any] | None,
+    repo_id: str | None,
+    source_lang: str,
+    target_lang: str,
+) -> str:
+    """The card's title: the one given, else the one the folder's ``record``
+    (:func:`~hf_vanilla.hub.record.read_training_record`) names, else the Hub repo's name, else a
+    description of the model (never the name of a local folder)."""
+    if args_title:
+        return args_title
+    if record is not None and record.get("title"):
+        return record["title"]
+    if repo_id:
+        return repo_id.split("/")[-1]
+    return GENERIC_TITLE.format(
+        source=_LANGUAGE_NAMES.get(source_lang, source_lang),
+        target=_LANGUAGE_NAMES.get(target_lang, target_lang),
+    )
+
+
+def recorded_dataset(record: dict[str, Any] | None) -> DatasetCard | None:
+    """The data card a folder's training ``record`` names, if any."""
+    if record is None or not isinstance(record.get("dataset"), dict):
+        return None
+    names = {card_field.name for card_field in fields(DatasetCard)}
+    return DatasetCard(**{key: value for key, value in record["dataset"].items() if key in names})
+
+
+def without_local_paths(value: Any) -> Any:
+    """``value`` (JSON-like) with every absolute path replaced by its last part: what leaves the machine
+    names no local folder."""
+    if isinstance(value, dict):
+        return {key: without_local_paths(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_local_paths(item) for item in value]
+    if isinstance(value, str) and (Path(value).is_absolute() or value.startswith("~")):
+        return Path(value).name
+    return value

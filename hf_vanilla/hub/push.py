@@ -34,14 +34,19 @@ from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
 
 from hf_vanilla.hub.card import (
     DatasetCardArguments,
+    card_title,
     dataset_card_from_args,
     load_results,
+    recorded_dataset,
     render_model_card,
     summarize_training,
+    without_local_paths,
 )
 from hf_vanilla.hub.folder import save_for_hub
+from hf_vanilla.hub.record import read_training_record
 from hf_vanilla.inference.decoding import EARLY_STOPPING
 from hf_vanilla.io.atomic import OVERWRITE_HELP, atomic_directory, refuse_to_replace
+from hf_vanilla.io.checksums import weights_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -153,11 +158,18 @@ class PublishArguments(DatasetCardArguments):
     )
     overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
     model_name: str | None = field(
-        default=None, metadata={"help": "Title of the card; default: the repo name."}
+        default=None,
+        metadata={
+            "help": "Title of the card; default: the title the model folder records (the demo's), else the "
+            "Hub repo's name."
+        },
     )
     training_summary: str | None = field(
         default=None,
-        metadata={"help": "Training paragraph; default: built from the model folder's trainer_state.json."},
+        metadata={
+            "help": "Training paragraph; default: what the model folder records (training_record.json, "
+            "trainer_state.json), 'unknown' where it records nothing."
+        },
     )
     code_url: str | None = field(default=None, metadata={"help": "Link to the hf_vanilla code on the card."})
     model_card_template: str | None = field(
@@ -172,7 +184,9 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
     The generation config in the folder is set to the beam size, α and stopping rule that produced the
     card's scores. With ``model_dir`` (the folder ``model`` was loaded from) every results file must have
     scored that model (:func:`check_results_model`); without it nothing can be compared, so the caller
-    vouches for the scores. An existing ``output_dir`` is refused (``FileExistsError``) unless ``args.overwrite``;
+    vouches for the scores. The card's title, data, training paragraph and examples come from ``args``,
+    else from what ``model_dir`` records (``training_record.json``, ``training_args.json``,
+    ``trainer_state.json``), else they say "unknown"; no local path is written into the folder. An existing ``output_dir`` is refused (``FileExistsError``) unless ``args.overwrite``;
     the folder is written under a temporary name and then replaces the old one whole, so it holds exactly
     what would be pushed (no stale files, no hand-written README.md kept by accident) and a failure leaves
     the old one as it was. Raises :class:`HubPushError` (folder kept) when the push fails.
@@ -190,24 +204,34 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
         model.generation_config.length_penalty = decoding["length_penalty"]
         if "early_stopping" in decoding:  # results written before issue 12 do not name it
             model.generation_config.early_stopping = EARLY_STOPPING[decoding["early_stopping"]]
+        source_lang, target_lang = results[0]["source_lang"], results[0]["target_lang"]
+        record = read_training_record(model_dir) if model_dir else None
+        examples = list(record.get("example_sources") or []) if record else []
+        dataset = (recorded_dataset(record) if args.dataset is None else None) or dataset_card_from_args(args)
+        portable_results = without_local_paths(results)
         card = render_model_card(
             model.config,
-            results,
+            portable_results,
             decoding,
-            results[0]["source_lang"],
-            results[0]["target_lang"],
-            dataset=dataset_card_from_args(args),
-            repo_id=args.hub_model_id or str(folder),
-            model_name=args.model_name,
+            source_lang,
+            target_lang,
+            dataset=dataset,
+            # never a local path: the card's usage example names the Hub repo, or says where to put it
+            repo_id=args.hub_model_id or "path/to/this/folder",
+            model_name=card_title(args.model_name, record, args.hub_model_id, source_lang, target_lang),
             num_parameters=model.num_parameters(),
-            training_summary=args.training_summary or (summarize_training(model_dir) if model_dir else None),
+            training_summary=args.training_summary
+            or (summarize_training(model_dir) if model_dir else "Unknown: no model folder was given."),
+            example_source=examples[0] if examples else None,
+            training_examples=examples,
             code_url=args.code_url,
             template_path=args.model_card_template,
         )
         metadata = {
-            "results": results,
+            "results": portable_results,
             "decoding": decoding,
-            "source_model": str(model_dir) if model_dir else None,
+            "source_model": Path(model_dir).name if model_dir else None,
+            "source_model_sha256": weights_fingerprint(model_dir) if model_dir else None,
         }
         with atomic_directory(folder) as staged:
             save_for_hub(model, tokenizer, staged, card, metadata)

@@ -27,6 +27,7 @@ from safetensors import safe_open
 from transformers import PreTrainedModel
 
 from hf_vanilla.hub.folder import TRAINING_ARGS_JSON, save_model_folder
+from hf_vanilla.hub.record import read_training_record, write_training_record
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
 from hf_vanilla.io.safe_loading import (
     load_pretrained_checked,
@@ -213,6 +214,17 @@ def average_checkpoints(
             logger.warning("%s has no tokenizer files; the averaged model folder has none either.", newest)
         if (newest / TRAINING_ARGS_JSON).is_file():  # the run's arguments: the card's data among them
             shutil.copy2(newest / TRAINING_ARGS_JSON, staged / TRAINING_ARGS_JSON)
+        record = read_training_record(newest)
+        if record is not None:  # the run's record, now of the averaged weights
+            write_training_record(
+                staged,
+                trained_with=f"{record['trained_with']}, averaging {len(paths)} of its checkpoints",
+                title=record.get("title"),
+                dataset=record.get("dataset"),
+                source_lang=record.get("source_lang"),
+                target_lang=record.get("target_lang"),
+                example_sources=record.get("example_sources") or [],
+            )
         (staged / "averaged_checkpoints.json").write_text(
             json.dumps({"averaged_checkpoints": [str(p) for p in paths]}, indent=2) + "\n", encoding="utf-8"
         )

@@ -27,6 +27,7 @@ from hf_vanilla.hub.folder import (
     finish_model_folder,
     limit_tokenizer_length,
 )
+from hf_vanilla.hub.record import MAX_EXAMPLES, write_training_record
 from hf_vanilla.training.launch_checks import check_fsdp_honoured
 from hf_vanilla.training.resilience import ResilientTrainerMixin
 from hf_vanilla.training.schedule import create_paper_lr_scheduler, paper_peak_learning_rate
@@ -352,7 +353,8 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
         """Every model folder the Trainer writes (checkpoints, the final model) is self-contained, as
         :func:`hf_vanilla.hub.folder.save_model_folder` writes it: the modeling and pipeline code with an
         ``auto_map``, the tokenizer's ``model_max_length`` from the model, and the training arguments as
-        ``training_args.json`` instead of the Trainer's pickled ``training_args.bin``."""
+        ``training_args.json`` instead of the Trainer's pickled ``training_args.bin``, and
+        ``training_record.json`` (:mod:`hf_vanilla.hub.record`: this recipe, a few training sources)."""
         model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
         if self.processing_class is not None:
             limit_tokenizer_length(self.processing_class, model.config)
@@ -361,7 +363,23 @@ class PaperSeq2SeqTrainer(ResilientTrainerMixin, TokenBudgetSeq2SeqTrainer):
             folder = Path(output_dir if output_dir is not None else self.args.output_dir)
             (folder / TRAINING_ARGS_NAME).unlink(missing_ok=True)
             (folder / TRAINING_ARGS_JSON).write_text(self.args.to_json_string() + "\n", encoding="utf-8")
+            write_training_record(
+                folder,
+                trained_with="hf_vanilla's Trainer recipe (§5)",
+                example_sources=self._example_sources(),
+            )
             finish_model_folder(folder)
+
+    def _example_sources(self) -> list[str]:
+        """The first few training sources, decoded from the tokenized training set (none when it cannot be
+        indexed, e.g. a streamed one, or there is no tokenizer)."""
+        data = self.train_dataset
+        if self.processing_class is None or not isinstance(data, datasets.Dataset):
+            return []
+        if "input_ids" not in data.column_names:
+            return []
+        rows = data.select(range(min(MAX_EXAMPLES, len(data))))["input_ids"]
+        return [self.processing_class.decode(ids, skip_special_tokens=True) for ids in rows]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from hf_vanilla.data.tokenization import train_bpe_tokenizer
 from hf_vanilla.demo.app import (
     ATTENTION_ID,
     BUTTON_ID,
+    EXAMPLES_ID,
     SOURCE_ID,
     TRANSLATION_ID,
     build_demo,
@@ -29,8 +31,12 @@ from hf_vanilla.demo.app import (
     translate_with_attention,
 )
 from hf_vanilla.hub.folder import save_model_folder
+from hf_vanilla.hub.record import TRAINING_RECORD_JSON, write_training_record
 
 SENTENCE = "Die Brücke über den Fluß ist schön."
+#: What the fixture's folder records it was trained on (the page lists them).
+TRAINED_ON = ["Der Hund ist grün.", "Die Katze schläft."]
+TITLE = "A tiny German test model"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
@@ -51,7 +57,9 @@ def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     model = tiny_model(seed=3, vocab_size=len(tokenizer))
     model.generation_config.max_new_tokens = 8  # a random model rarely stops by itself: keep the test short
-    return save_model_folder(model, tokenizer, tmp_path_factory.mktemp("app") / "model")
+    folder = save_model_folder(model, tokenizer, tmp_path_factory.mktemp("app") / "model")
+    write_training_record(folder, trained_with="a test", title=TITLE, example_sources=TRAINED_ON)
+    return folder
 
 
 def test_translates_with_the_models_defaults_and_draws_readable_attention(model_folder: Path) -> None:
@@ -78,10 +86,33 @@ def test_blank_input_gives_nothing(model_folder: Path) -> None:
     assert translate_with_attention(model, tokenizer, " \n ") == ("", None)
 
 
-def test_the_page_has_its_parts(model_folder: Path) -> None:
-    config = build_demo(model_folder).get_config_file()
-    ids = {component.get("props", {}).get("elem_id") for component in config["components"]}
-    assert {SOURCE_ID, BUTTON_ID, TRANSLATION_ID, ATTENTION_ID} <= ids
+def _page(model_folder: Path) -> tuple[dict[str, dict], str]:
+    """The page's components by element id, and all its text."""
+    components = [c.get("props", {}) for c in build_demo(model_folder).get_config_file()["components"]]
+    text = " ".join(str(p["value"]) for p in components if isinstance(p.get("value"), str))
+    return {p["elem_id"]: p for p in components if p.get("elem_id")}, text
+
+
+def test_the_page_has_its_parts_and_enter_translates(model_folder: Path) -> None:
+    props, text = _page(model_folder)
+    assert {SOURCE_ID, BUTTON_ID, TRANSLATION_ID, ATTENTION_ID} <= set(props)
+    # Gradio submits a textbox on Enter only when it has one line (more lines: Enter is a newline)
+    assert props[SOURCE_ID]["lines"] == 1 and props[SOURCE_ID]["max_lines"] == 1
+    assert "Press Enter" in text
+
+
+def test_the_page_shows_the_sentences_its_folder_records(model_folder: Path) -> None:
+    props, text = _page(model_folder)
+    assert [sample[0] for sample in props[EXAMPLES_ID]["samples"]] == TRAINED_ON
+    assert TITLE in text
+
+
+def test_a_folder_that_records_no_examples_says_so(model_folder: Path, tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    shutil.copytree(model_folder, bare, ignore=shutil.ignore_patterns(TRAINING_RECORD_JSON))
+    props, text = _page(bare)
+    assert EXAMPLES_ID not in props
+    assert "records no sentences it was trained on" in text
 
 
 def _free_port() -> int:
@@ -95,7 +126,8 @@ def _free_port() -> int:
     not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM} (Debian: apt-get install -y chromium)"
 )
 def test_the_page_in_headless_chromium(model_folder: Path, tmp_path: Path) -> None:
-    """Start `python -m hf_vanilla.cli.app`, type a sentence in Chromium, read the translation back."""
+    """Start `python -m hf_vanilla.cli.app`, see the recorded examples, type a sentence in Chromium and
+    press Enter, read the translation back."""
     playwright = pytest.importorskip("playwright.sync_api", reason="the browser test needs `playwright`")
     model, tokenizer = load_for_demo(model_folder)
     expected, _ = translate_with_attention(model, tokenizer, SENTENCE)
@@ -126,8 +158,11 @@ def test_the_page_in_headless_chromium(model_folder: Path, tmp_path: Path) -> No
             try:
                 page = browser.new_page()
                 page.goto(url, timeout=60_000)
-                page.locator(f"#{SOURCE_ID} textarea").fill(SENTENCE)
-                page.locator(f"#{BUTTON_ID}").click()
+                playwright.expect(page.get_by_text(TRAINED_ON[0])).to_be_visible(timeout=30_000)
+                box = page.locator(f"#{SOURCE_ID}").get_by_role("textbox")
+                box.click()
+                box.press_sequentially(SENTENCE)  # as a visitor types, key by key
+                box.press("Enter")
                 output = page.locator(f"#{TRANSLATION_ID} textarea")
                 playwright.expect(output).to_have_value(expected, timeout=60_000)
                 playwright.expect(page.locator(f"#{ATTENTION_ID} img")).to_be_visible(timeout=30_000)

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 from helpers import assert_self_contained, run_card
+from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from hf_vanilla.cli.publish import main as publish_main
 from hf_vanilla.demo.run import DemoArguments
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,6 +71,25 @@ def test_quick_demo_writes_everything_and_reports(tmp_path: Path) -> None:
     # The folder loads where hf_vanilla is not installed, and its card's examples run as written.
     assert_self_contained(out, tmp_path)
     run_card(out, tmp_path)
+    _check_publish(out, tmp_path)
+
+
+def _check_publish(out: Path, tmp_path: Path) -> None:
+    """hf-vanilla-publish takes the demo's own results and states what the demo recorded (issue 25)."""
+    record = json.loads((out / "training_record.json").read_text())
+    tested = {line.split("\t")[0] for line in (out / "test_translations.tsv").read_text().splitlines()[1:]}
+    assert (
+        record["example_sources"] and not set(record["example_sources"]) & tested
+    )  # trained on, not held out
+    hub = tmp_path / "hub"
+    argv = ["--model_name_or_path", str(out), "--output_dir", str(hub)]
+    assert publish_main([*argv, "--results_files", str(out / "demo_results.json")]) == 0
+    card = ModelCard.load(hub / "README.md")
+    assert card.data.model_name == record["title"] and card.data.license == "apache-2.0"
+    assert f'tokenizer(["{record["example_sources"][0]}"]' in card.text
+    assert "python -m hf_vanilla.demo" in card.text and "A man rides a bike." not in card.text
+    leaked = [p.name for p in hub.rglob("*") if p.is_file() and str(tmp_path).encode() in p.read_bytes()]
+    assert not leaked, f"local paths in {leaked}"
 
 
 def test_quick_overrides_the_size() -> None:

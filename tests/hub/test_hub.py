@@ -27,6 +27,7 @@ from hf_vanilla.hub.card import (
 )
 from hf_vanilla.hub.folder import finish_model_folder, save_for_hub, save_model_folder
 from hf_vanilla.hub.push import HubPushError, PublishArguments, publish, push_to_hub
+from hf_vanilla.hub.record import read_training_record, write_training_record
 from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.io.checksums import weights_fingerprint
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES
@@ -526,10 +527,89 @@ def test_train_push_offline_is_one_line_and_keeps_the_folders(
     # The card describes the averaged model, whose scores it shows.
     results = json.loads((run / "validation.results.json").read_text())
     assert results["model"] == str(run / "averaged")
-    assert json.loads((run / "hub" / "hub_metadata.json").read_text())["source_model"] == str(
-        run / "averaged"
-    )
+    metadata = json.loads((run / "hub" / "hub_metadata.json").read_text())
+    assert metadata["source_model"] == "averaged"  # its name and weights, not a local path
+    assert metadata["source_model_sha256"] == weights_fingerprint(run / "averaged")
+    assert not _files_naming(run / "hub", tmp_path), "a local path leaves the machine"
+    card = (run / "hub" / "README.md").read_text()
+    assert "with hf_vanilla's Trainer recipe (§5). The weights are the average of its last 2" in card
+    # The run recorded a few of its training sources; the averaged folder keeps them; the card shows them.
+    record = read_training_record(run / "averaged")
+    assert "averaging 2 of its checkpoints" in record["trained_with"]
+    assert record["example_sources"] and set(record["example_sources"]) <= {
+        f"w{i} w{i + 1} w{i + 2}" for i in range(16)
+    }
+    assert f'tokenizer(["{record["example_sources"][0]}"]' in card
     # The averaged folder keeps the run's record, so hf-vanilla-publish on it finds the card's data.
     args = PublishArguments(output_dir=str(tmp_path / "republish"))
     card_data_recorded_in(run / "averaged", args)
     assert (args.dataset, args.dataset_id) == ("custom", "someone/pairs")
+
+
+# --- what the published card states: only what the model folder records (issue 25) --------------------------
+
+
+def _files_naming(folder: Path, path: Path) -> list[str]:
+    """The files under ``folder`` whose bytes contain ``path`` (as given or resolved)."""
+    needles = {str(path).encode(), str(path.resolve()).encode()}
+    return [str(p) for p in folder.rglob("*") if p.is_file() and any(n in p.read_bytes() for n in needles)]
+
+
+def _trained_folder(model, tokenizer, folder: Path, record: dict | None) -> Path:
+    save_model_folder(model, tokenizer, folder)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 200, "epoch": 3.0}))
+    if record is not None:
+        write_training_record(folder, **record)
+    return folder
+
+
+def test_published_card_takes_title_data_training_and_examples_from_the_folder(
+    model, tokenizer, tmp_path: Path
+) -> None:
+    record = {
+        "trained_with": "a recipe of the test",
+        "title": "Tiny words model",
+        "dataset": {
+            "dataset_id": "someone/words",
+            "name": "Words corpus",
+            "terms": "CC0",
+            "license": "cc0-1.0",
+        },
+        "example_sources": ["w5 w6 w7", "w8 w9"],
+    }
+    model_dir = _trained_folder(model, tokenizer, tmp_path / "model", record)
+    args = PublishArguments(
+        output_dir=str(tmp_path / "hub"),
+        results_files=[str(write_result_file(tmp_path, model_dir=model_dir))],
+    )
+    folder = publish(model, tokenizer, args, model_dir=model_dir)  # no --dataset: the folder records it
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.model_name == "Tiny words model" and "# Tiny words model" in card.text
+    assert card.data.license == "cc0-1.0" and card.data.datasets == ["someone/words"]
+    assert "Trained for 200 optimizer steps (3.0 epochs) with a recipe of the test." in card.text
+    assert 'tokenizer(["w5 w6 w7"]' in card.text and "`w8 w9`" in card.text
+    assert not _files_naming(folder, tmp_path), "a local path leaves the machine"
+
+
+def test_published_card_of_a_folder_that_records_nothing_says_unknown(
+    model, tokenizer, tmp_path: Path
+) -> None:
+    """A folder written by a stock script (trainer_state.json, no record), or one whose weights were replaced
+    after its record was written: the card claims no recipe, no title from a folder name, no foreign example."""
+    stock = _trained_folder(model, tokenizer, tmp_path / "stock", None)
+    replaced = _trained_folder(
+        model, tokenizer, tmp_path / "replaced", {"trained_with": "hf_vanilla's recipe"}
+    )
+    (replaced / "model.safetensors").write_bytes((stock / "model.safetensors").read_bytes() + b" ")
+    for model_dir in (stock, replaced):
+        results = write_result_file(tmp_path / model_dir.name, model_dir=model_dir)
+        out = tmp_path / f"{model_dir.name}-hub"
+        args = PublishArguments(output_dir=str(out), results_files=[str(results)], dataset="multi30k")
+        card = ModelCard.load(publish(model, tokenizer, args, model_dir=model_dir) / "README.md")
+        assert (
+            "Trained for 200 optimizer steps (3.0 epochs) by a recipe the folder does not record (unknown)"
+            in (card.text)
+        )
+        assert "recipe (§5)" not in card.text and "A man rides a bike." not in card.text
+        assert card.data.model_name == "Transformer (Attention Is All You Need), English → German"
+        assert not _files_naming(out, tmp_path), "a local path leaves the machine"
