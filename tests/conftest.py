@@ -4,12 +4,14 @@ tiny model trained on a copy task."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+import datasets
 import pytest
 import torch
 from helpers import TRAIN, VALID, copy_task, tiny_model
@@ -23,6 +25,18 @@ from hf_vanilla.data.tokenization import train_tokenizer_from_dataset
 # Tiny models run fastest on one thread; several threads only add synchronisation (and contend
 # with each other on a shared 2-core machine).
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def datasets_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The session's own `datasets` cache (for training runs' tokenized-data cache, hf_vanilla.data.cache),
+    here and in the processes tests start, rather than the user's."""
+    folder = tmp_path_factory.mktemp("datasets_cache")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HF_DATASETS_CACHE", str(folder))
+    patch.setattr(datasets.config, "HF_DATASETS_CACHE", folder)
+    yield folder
+    patch.undo()
 
 
 @pytest.fixture

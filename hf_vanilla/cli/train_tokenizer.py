@@ -34,6 +34,7 @@ def _run(argv: list[str]) -> None:
         vocab_size=tok_args.vocab_size,
         min_frequency=tok_args.min_frequency,
         split=tok_args.split,
+        max_pairs=tok_args.max_pairs,
     )
     save_pretrained_atomic(tok_args.output_dir, tokenizer)
     logger.info("Saved a %d-token tokenizer to %s", len(tokenizer), tok_args.output_dir)

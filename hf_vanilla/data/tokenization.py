@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,8 @@ logger = logging.getLogger(__name__)
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3 in this order
 _MIN_VOCAB = len(SPECIAL_TOKENS) + 256  # specials + the byte alphabet
+#: Pairs the tokenizer is trained on by default: all of Multi30k, a strided 1 M-pair sample of WMT14's 4.5 M.
+TOKENIZER_SAMPLE_PAIRS = 1_000_000
 
 
 @dataclass
@@ -64,6 +66,13 @@ class TokenizerArguments:
     )
     min_frequency: int = field(default=2, metadata={"help": "Minimum count of a pair to be merged."})
     split: str = field(default="train", metadata={"help": "Which split to train the tokenizer on."})
+    max_pairs: int = field(
+        default=TOKENIZER_SAMPLE_PAIRS,
+        metadata={
+            "help": "Train on at most this many pairs, taken evenly spaced over the split (every k-th pair), to "
+            "bound time and memory on large corpora; 0 = all pairs."
+        },
+    )
     overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
 
 
@@ -139,12 +148,30 @@ def train_tokenizer_from_dataset(
     vocab_size: int = 37000,
     min_frequency: int = 2,
     split: str = "train",
+    max_pairs: int | None = TOKENIZER_SAMPLE_PAIRS,
 ) -> PreTrainedTokenizerFast:
-    """Train the shared BPE on both sides of `data[split]` (or of `data` if it is one `Dataset`)."""
+    """Train the shared BPE on both sides of `data[split]` (or of `data` if it is one `Dataset`).
+
+    With more than `max_pairs` pairs (None or 0: no limit) it trains on every k-th pair, k the smallest
+    step that keeps at most `max_pairs`: the sample spans the whole corpus (WMT14's training data is
+    Europarl, then Common Crawl, then News Commentary; its first million pairs would be Europarl only).
+    Time and memory then stay bounded whatever the corpus size. The effect on the vocabulary: merges
+    are learnt from the sample's pair counts, so a word frequent enough in the sample gets the same
+    tokens; rare words (seen in the full corpus but not the sample) are split into more, smaller
+    pieces — they are still encoded, byte-level BPE has no unknown tokens.
+    """
     if isinstance(data, datasets.DatasetDict):
         if split not in data:
             raise ValueError(f"No split {split!r} to train the tokenizer on; the data has {list(data)}.")
         data = data[split]
+    if max_pairs is not None and max_pairs < 0:
+        raise ValueError(f"max_pairs must be a positive number of pairs, or 0 for all; got {max_pairs}.")
+    if max_pairs and len(data) > max_pairs:
+        step = -(-len(data) // max_pairs)
+        logger.info(
+            "Training the tokenizer on every %d-th pair (%d of %d)", step, -(-len(data) // step), len(data)
+        )
+        data = data.select(range(0, len(data), step))
     batch_size = 1000
     return train_bpe_tokenizer(
         iter_translation_texts(data, source_lang, target_lang, batch_size),
@@ -251,14 +278,15 @@ def tokenize_translations(
 
 def load_or_train_tokenizer(
     sources: Sequence[str | None],
-    data: datasets.DatasetDict,
+    load_data: Callable[[], datasets.DatasetDict],
     data_args: DataArguments,
     vocab_size: int,
     training_args: TrainingArguments,
 ) -> PreTrainedTokenizerBase:
     """The tokenizer saved at the first of ``sources`` that is given (a tokenizer path, a checkpoint or
     a model folder, in the caller's order of precedence), else a new shared BPE (§5.1) of
-    ``vocab_size`` tokens trained on both sides of the training split — by the main process only
+    ``vocab_size`` tokens trained on both sides of the training split of ``load_data()`` (called only
+    then, so that a warm restart need not read the text) — by the main process only
     under data parallelism, which sends its files to the other ranks (no shared file system needed)."""
     source = next((path for path in sources if path), None)
     if source is not None:
@@ -279,7 +307,7 @@ def load_or_train_tokenizer(
         )
         try:
             tokenizer = train_tokenizer_from_dataset(
-                data, data_args.source_lang, data_args.target_lang, vocab_size=vocab_size
+                load_data(), data_args.source_lang, data_args.target_lang, vocab_size=vocab_size
             )
             if processes == 1:
                 return tokenizer

@@ -32,6 +32,7 @@ Defaults are the paper's, all overridable on the command line (``scripts/train.p
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
@@ -53,6 +54,7 @@ from transformers import (
 from transformers.trainer_utils import HubStrategy
 
 from hf_vanilla.analysis.evaluation import evaluate_split_into, parallel_columns
+from hf_vanilla.data.cache import cached_tokenization, data_fingerprint, default_cache_root
 from hf_vanilla.data.loading import DataArguments, load_from_args
 from hf_vanilla.data.tokenization import (
     check_tokenizer_matches_config,
@@ -437,30 +439,50 @@ def _run_training(
     hub_repo = take_hub_push(training_args, data_args)  # before the Trainer exists: its own push stays off
     transformers.set_seed(training_args.seed)
 
-    data = load_from_args(data_args)
-    if training_args.do_train and "train" not in data:
-        raise ValueError(
-            f"No training split in the data (splits: {list(data)}); give --train_files or --demo."
-        )
-    if hub_repo is not None and len(data.get("validation", ())) == 0:
+    # The text is read only when needed: to train a tokenizer, to fill the tokenized-data cache, or to
+    # publish; a warm restart with a cached tokenization does not read it at all.
+    loaded: list[datasets.DatasetDict] = []
+
+    def load_data() -> datasets.DatasetDict:
+        if not loaded:
+            loaded.append(load_from_args(data_args))
+        return loaded[0]
+
+    splits = list(data_args.local_files()) or list(load_data())
+    if training_args.do_train and "train" not in splits:
+        raise ValueError(f"No training split in the data (splits: {splits}); give --train_files or --demo.")
+    if hub_repo is not None and "validation" not in splits:
         raise ValueError(_NO_VALIDATION_TO_PUBLISH)
     tokenizer = load_or_train_tokenizer(  # given by path, else saved with the checkpoint or model, else new
         (model_args.tokenizer_name_or_path, resume, model_args.model_name_or_path),
-        data,
+        load_data,
         data_args,
         model_args.tokenizer_vocab_size,
         training_args,
     )
     model = build_model(model_args, tokenizer, resume)
-    tokenized = tokenize_translations(
-        data,
-        tokenizer,
-        data_args.source_lang,
-        data_args.target_lang,
-        max_source_length=model_args.max_source_length,
-        max_target_length=model_args.max_target_length,
-        desc="Tokenizing",
+    lengths = (model_args.max_source_length, model_args.max_target_length)
+    fingerprint = data_fingerprint(
+        data_args, tokenizer, *lengths, data=load_data() if data_args.dataset_name else None
     )
+    tokenized = cached_tokenization(  # only the main process of each node tokenizes; the others read
+        data_args.tokenized_cache_dir or default_cache_root(),
+        fingerprint,
+        load_data,
+        functools.partial(
+            tokenize_translations,
+            tokenizer=tokenizer,
+            source_lang=data_args.source_lang,
+            target_lang=data_args.target_lang,
+            max_source_length=lengths[0],
+            max_target_length=lengths[1],
+            desc="Tokenizing",
+        ),
+        training_args.main_process_first(desc="tokenizing into the cache"),
+    )
+    if hub_repo is not None and len(tokenized["validation"]) == 0:
+        raise ValueError(_NO_VALIDATION_TO_PUBLISH)
+    loaded.clear()  # the text of the training split is not needed any more: free its memory
     train_set = tokenized.get("train")
     eval_set = tokenized.get("validation")
     if training_args.eval_strategy != "no" and eval_set is None:
@@ -501,5 +523,5 @@ def _run_training(
         results.update(_evaluate_splits(averaged_trainer, eval_splits, prefix="averaged_"))
 
     if hub_repo is not None and trainer.is_world_process_zero():
-        publish_run(scored_dir, tokenizer, data["validation"], data_args, training_args, hub_repo)
+        publish_run(scored_dir, tokenizer, load_data()["validation"], data_args, training_args, hub_repo)
     return results

@@ -150,3 +150,20 @@ def test_script_arguments_show_paper_default() -> None:
     data_args, tok_args = parser.parse_args_into_dataclasses(["--demo", "--output_dir", "out"])
     assert tok_args.vocab_size == 37000 and data_args.demo
     assert "37000" in parser.format_help()
+
+
+def test_tokenizer_trains_on_an_evenly_spaced_sample_of_a_large_corpus() -> None:
+    """`max_pairs` bounds the training text to every k-th pair (the whole corpus spans it, not its
+    first pairs): with every 2nd of 10 pairs, the odd pairs' "xy" is never merged."""
+    pairs = [{"en": "xyxyxy xyxy" if i % 2 else "abab abab", "de": "cdcd cdcd"} for i in range(10)]
+    data = datasets.Dataset.from_dict({"translation": pairs})
+    vocab = {
+        max_pairs: train_tokenizer_from_dataset(
+            data, "en", "de", vocab_size=300, max_pairs=max_pairs
+        ).get_vocab()
+        for max_pairs in (5, 0)
+    }
+    assert "ab" in vocab[5] and "xy" not in vocab[5]
+    assert "xy" in vocab[0]
+    with pytest.raises(ValueError, match="max_pairs"):
+        train_tokenizer_from_dataset(data, "en", "de", vocab_size=300, max_pairs=-1)
