@@ -200,13 +200,16 @@ def export_onnx(
     return output_dir
 
 
-def load_onnx_sessions(folder: str | Path) -> tuple[Any, Any]:
-    """ONNX Runtime sessions (CPU) of the folder's encoder and decoder graphs."""
+def load_onnx_sessions(folder: str | Path, intra_op_threads: int | None = None) -> tuple[Any, Any]:
+    """ONNX Runtime sessions (CPU) of the folder's encoder and decoder graphs, each with
+    ``intra_op_threads`` threads (ONNX Runtime's default, one per physical core, when ``None``)."""
     import onnxruntime
 
     folder = Path(folder)
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # errors only
+    if intra_op_threads is not None:
+        options.intra_op_num_threads = intra_op_threads
     return tuple(
         onnxruntime.InferenceSession(
             str(folder / name), sess_options=options, providers=["CPUExecutionProvider"]
