@@ -18,9 +18,9 @@ Batch, source length and past length are dynamic. :func:`export_programs` gives 
 ``torch.export`` programs (ATen graphs that ``torch.export.save`` writes as ``.pt2`` files; the same
 programs are what the ONNX exporter translates), :func:`export_onnx` writes the folder (the two
 graphs, ``config.json``, ``generation_config.json`` and the tokenizer), and :func:`greedy_generate`
-decodes with ONNX Runtime: its tokens equal ``model.generate(num_beams=1)`` (tested). Beam search is
-not provided for the ONNX graphs (the loop would reorder the cache per beam; CTranslate2 does that,
-see :mod:`hf_vanilla.interop.export_ctranslate2`).
+decodes with ONNX Runtime: its tokens equal ``model.generate(num_beams=1)`` (tested). Beam search
+and sampling over the same graphs run through transformers' ``generate()``:
+:mod:`hf_vanilla.interop.onnx_generation`.
 """
 
 from __future__ import annotations
