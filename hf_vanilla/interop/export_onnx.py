@@ -206,6 +206,12 @@ def load_onnx_sessions(folder: str | Path, intra_op_threads: int | None = None) 
     import onnxruntime
 
     folder = Path(folder)
+    missing = [name for name in (ENCODER_FILE, DECODER_FILE) if not (folder / name).is_file()]
+    if missing:
+        raise OSError(
+            f"{folder} holds no {' or '.join(missing)}: give a folder written by hf-vanilla-export-onnx "
+            "(hf_vanilla.interop.export_onnx.export_onnx)."
+        )
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # errors only
     if intra_op_threads is not None:

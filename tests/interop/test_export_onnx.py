@@ -169,3 +169,15 @@ def test_onnx_forward_refuses_a_prompt_without_the_start_token(exported: tuple[P
     prompt = torch.full((3, 1), onnx_model.config.decoder_start_token_id + 5)
     with pytest.raises(ValueError, match="decoder start token"):
         onnx_model(decoder_input_ids=prompt, encoder_outputs=encoder_outputs, attention_mask=attention_mask)
+
+
+def test_onnx_model_refuses_a_folder_without_the_graphs(tmp_path: Path) -> None:
+    pytest.importorskip(
+        "onnxruntime", reason="the ONNX route needs the `onnx` extra: pip install -e '.[onnx]'"
+    )
+    from hf_vanilla.interop.onnx_generation import OnnxVanillaTransformerForConditionalGeneration
+
+    tiny_model().config.save_pretrained(tmp_path)  # a model folder's config, but no graphs
+    with pytest.raises(OSError, match=f"holds no {ENCODER_FILE} or {DECODER_FILE}: .*hf-vanilla-export-onnx"):
+        OnnxVanillaTransformerForConditionalGeneration.from_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
