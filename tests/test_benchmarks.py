@@ -64,3 +64,15 @@ def test_peers_decode_exactly_the_asked_tokens_with_every_engine(tmp_path: Path)
     ]
     assert all(set(row["ms_per_step"]) == engines for row in report["rows"])
     assert not list(tmp_path.glob("hf-vanilla-peers-*"))
+
+
+@pytest.mark.slow
+def test_onnx_generate_benchmark_times_equal_outputs_in_every_case(tmp_path: Path) -> None:
+    """onnx_generate.py raises if ONNX Runtime's tokens differ from PyTorch's in any case."""
+    pytest.importorskip(
+        "onnxruntime", reason="the ONNX route needs the `onnx` extra: pip install -e '.[onnx]'"
+    )
+    report = _run("onnx_generate.py", tmp_path, "--size", "tiny", "--repeats", "1", "--new_tokens", "4")
+    assert [(case["batch"], case["beams"]) for case in report["cases"]] == [(1, 1), (1, 4), (16, 1), (16, 4)]
+    assert all(case["onnxruntime_speedup"] > 0 for case in report["cases"])
+    assert report["machine"]["cpu"]

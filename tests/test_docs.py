@@ -27,6 +27,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Snippets that are not run, by (page, first code line): the reason the page's skip-test marker gives.
 SKIPPED: dict[tuple[str, str], str] = {
     ("docs/hub.md", "from transformers import pipeline"): "needs the Hub",
+    ("docs/interop.md", "import torch"): "needs an ONNX export (about a minute)",
 }
 
 FENCE = re.compile(r"^```(\w*)\s*$")

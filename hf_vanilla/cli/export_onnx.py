@@ -1,11 +1,12 @@
-"""Write ONNX graphs for cached greedy decoding from an hf_vanilla model folder (needs
+"""Write ONNX graphs for cached decoding from an hf_vanilla model folder (needs
 `pip install 'hf_vanilla[onnx]'`).
 
     hf-vanilla-export-onnx --model_dir demo_output --output_dir demo_output_onnx
 
 The output holds `encoder.onnx` (encoder + first decoder step), `decoder_with_past.onnx` (one cached
-step), the config, generation config and tokenizer; `hf_vanilla.interop.export_onnx.greedy_generate` runs them
-with ONNX Runtime.
+step), the config, generation config and tokenizer. ONNX Runtime runs them through `generate()` (greedy,
+beam search, sampling) with `hf_vanilla.interop.onnx_generation.OnnxVanillaTransformerForConditionalGeneration`,
+or greedily with `hf_vanilla.interop.export_onnx.greedy_generate`.
 """
 
 from __future__ import annotations

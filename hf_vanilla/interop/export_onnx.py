@@ -18,9 +18,9 @@ Batch, source length and past length are dynamic. :func:`export_programs` gives 
 ``torch.export`` programs (ATen graphs that ``torch.export.save`` writes as ``.pt2`` files; the same
 programs are what the ONNX exporter translates), :func:`export_onnx` writes the folder (the two
 graphs, ``config.json``, ``generation_config.json`` and the tokenizer), and :func:`greedy_generate`
-decodes with ONNX Runtime: its tokens equal ``model.generate(num_beams=1)`` (tested). Beam search is
-not provided for the ONNX graphs (the loop would reorder the cache per beam; CTranslate2 does that,
-see :mod:`hf_vanilla.interop.export_ctranslate2`).
+decodes with ONNX Runtime: its tokens equal ``model.generate(num_beams=1)`` (tested). Beam search
+and sampling over the same graphs run through transformers' ``generate()``:
+:mod:`hf_vanilla.interop.onnx_generation`.
 """
 
 from __future__ import annotations
@@ -200,13 +200,22 @@ def export_onnx(
     return output_dir
 
 
-def load_onnx_sessions(folder: str | Path) -> tuple[Any, Any]:
-    """ONNX Runtime sessions (CPU) of the folder's encoder and decoder graphs."""
+def load_onnx_sessions(folder: str | Path, intra_op_threads: int | None = None) -> tuple[Any, Any]:
+    """ONNX Runtime sessions (CPU) of the folder's encoder and decoder graphs, each with
+    ``intra_op_threads`` threads (ONNX Runtime's default, one per physical core, when ``None``)."""
     import onnxruntime
 
     folder = Path(folder)
+    missing = [name for name in (ENCODER_FILE, DECODER_FILE) if not (folder / name).is_file()]
+    if missing:
+        raise OSError(
+            f"{folder} holds no {' or '.join(missing)}: give a folder written by hf-vanilla-export-onnx "
+            "(hf_vanilla.interop.export_onnx.export_onnx)."
+        )
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # errors only
+    if intra_op_threads is not None:
+        options.intra_op_num_threads = intra_op_threads
     return tuple(
         onnxruntime.InferenceSession(
             str(folder / name), sess_options=options, providers=["CPUExecutionProvider"]

@@ -1,5 +1,6 @@
-"""torch.export and ONNX: the exported encoder and cached decoder step equal the eager model, and
-greedy decoding with ONNX Runtime gives the tokens of generate(num_beams=1)."""
+"""torch.export and ONNX: the exported encoder and cached decoder step equal the eager model,
+greedy decoding with ONNX Runtime gives the tokens of generate(num_beams=1), and generate() over the
+ONNX graphs gives the PyTorch model's tokens (greedy, beam search, sampling with a seed)."""
 
 from __future__ import annotations
 
@@ -113,3 +114,70 @@ def test_export_command_keeps_an_existing_output(exported: tuple[Path, Path], ca
     assert main(["--model_dir", str(folder), "--output_dir", str(onnx_dir)]) == 1
     assert "--overwrite" in capsys.readouterr().err
     assert (onnx_dir / ENCODER_FILE).stat().st_mtime_ns == before
+
+
+def _pytorch_and_onnx(exported: tuple[Path, Path]) -> tuple[torch.nn.Module, torch.nn.Module]:
+    from transformers import AutoModelForSeq2SeqLM
+
+    from hf_vanilla.interop.onnx_generation import OnnxVanillaTransformerForConditionalGeneration
+
+    folder, onnx_dir = exported
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    return model, OnnxVanillaTransformerForConditionalGeneration.from_pretrained(onnx_dir, intra_op_threads=1)
+
+
+def test_onnx_generate_equals_pytorch_greedy_and_beam(exported: tuple[Path, Path]) -> None:
+    model, onnx_model = _pytorch_and_onnx(exported)
+    config = onnx_model.generation_config  # the paper's decoding, as the PyTorch model's (§6.1)
+    assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, "never")
+    input_ids, attention_mask = _batch()
+    prompt = torch.tensor([[model.config.decoder_start_token_id, 7, 9]]).repeat(3, 1)  # a forced prefix
+    # greedy; beam 4 (1 and 2 best); greedy and beam 4 from the prefix
+    for settings in (
+        {"num_beams": 1},
+        {},
+        {"num_return_sequences": 2},
+        {"num_beams": 1, "decoder_input_ids": prompt},
+        {"decoder_input_ids": prompt},
+    ):
+        want = model.generate(input_ids=input_ids, attention_mask=attention_mask, **settings)
+        got = onnx_model.generate(input_ids=input_ids, attention_mask=attention_mask, **settings)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"generate({settings})")
+
+
+def test_onnx_generate_samples_as_pytorch_with_a_seed(exported: tuple[Path, Path]) -> None:
+    model, onnx_model = _pytorch_and_onnx(exported)
+    input_ids, attention_mask = _batch()
+    outputs = []
+    for generator in (model, onnx_model, onnx_model):
+        torch.manual_seed(3)
+        outputs.append(
+            generator.generate(
+                input_ids=input_ids, attention_mask=attention_mask, do_sample=True, num_beams=1, top_k=0
+            )
+        )
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
+    torch.testing.assert_close(outputs[2], outputs[0], rtol=0, atol=0)
+    greedy = onnx_model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=1)
+    assert not torch.equal(outputs[0], greedy)  # it did sample
+
+
+def test_onnx_forward_refuses_a_prompt_without_the_start_token(exported: tuple[Path, Path]) -> None:
+    _, onnx_model = _pytorch_and_onnx(exported)
+    input_ids, attention_mask = _batch()
+    encoder_outputs = onnx_model.get_encoder()(input_ids, attention_mask)
+    prompt = torch.full((3, 1), onnx_model.config.decoder_start_token_id + 5)
+    with pytest.raises(ValueError, match="decoder start token"):
+        onnx_model(decoder_input_ids=prompt, encoder_outputs=encoder_outputs, attention_mask=attention_mask)
+
+
+def test_onnx_model_refuses_a_folder_without_the_graphs(tmp_path: Path) -> None:
+    pytest.importorskip(
+        "onnxruntime", reason="the ONNX route needs the `onnx` extra: pip install -e '.[onnx]'"
+    )
+    from hf_vanilla.interop.onnx_generation import OnnxVanillaTransformerForConditionalGeneration
+
+    tiny_model().config.save_pretrained(tmp_path)  # a model folder's config, but no graphs
+    with pytest.raises(OSError, match=f"holds no {ENCODER_FILE} or {DECODER_FILE}: .*hf-vanilla-export-onnx"):
+        OnnxVanillaTransformerForConditionalGeneration.from_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
