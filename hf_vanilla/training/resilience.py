@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -108,6 +109,8 @@ class ResilientTrainerMixin:
     _first_nonfinite_host: float = math.inf
 
     def _note_nonfinite(self, value: torch.Tensor | float | None, step: int) -> None:
+        if isinstance(value, DTensor):  # FSDP2: each process checks its own part; the stop all-reduces
+            value = value.to_local()
         if isinstance(value, torch.Tensor):
             bad = ~torch.isfinite(value.detach()).all()
             at = torch.where(bad, float(step), math.inf).to(value.device)
