@@ -15,7 +15,8 @@ steps), and the layers call :mod:`fast_paths` (``fast_linear(self.q_proj, x)`` w
 a stock model writes ``self.q_proj(x)``, ``fast_dropout(x, p, training)`` for ``F.dropout``, …),
 whose every function computes what its stock fallback computes and takes the fallback wherever it
 was not measured or would be visible (GPUs, autocast, compile, TorchScript, ``torch.func``,
-quantized or hooked layers). ``HF_VANILLA_FAST_PATHS=0`` turns them all off.
+quantized or hooked layers). ``HF_VANILLA_FAST_PATHS=0`` (read at import) or
+``fast_paths.set_enabled(False)`` turns them all off.
 
 Deviations from the paper (each a deliberate, documented choice):
 
