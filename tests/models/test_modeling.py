@@ -29,7 +29,6 @@ from hf_vanilla.models.vanilla_transformer.generation_vanilla_transformer import
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerDecoderLayer,
     VanillaTransformerEncoderLayer,
-    build_attention_mask,
     sinusoidal_position_encoding,
 )
 
@@ -129,18 +128,6 @@ def test_initialisation_is_the_documented_choice() -> None:
 # ------------------------------------------------------------------------------------------------
 # Masks and attention implementations
 # ------------------------------------------------------------------------------------------------
-def test_mask_builder_polarity_and_fast_paths() -> None:
-    padding = torch.tensor([[1, 1, 0], [0, 0, 0]])
-    mask = build_attention_mask(padding, 3, 3, causal=False)
-    assert mask.dtype == torch.bool and mask.shape == (2, 1, 1, 3)
-    assert mask[0, 0, 0].tolist() == [True, True, False]
-    assert mask[1].all()  # a fully padded row attends everywhere instead of nowhere
-    causal = build_attention_mask(None, 2, 5, causal=True, past_length=3)
-    assert causal[0, 0].tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
-    assert build_attention_mask(torch.ones(2, 3), 3, 3, causal=False) is None
-    assert build_attention_mask(None, 4, 4, causal=True) is None  # SDPA's is_causal path
-    assert build_attention_mask(None, 1, 9, causal=True, past_length=8) is None
-    assert build_attention_mask(None, 4, 4, causal=True, materialize_causal=True) is not None
 
 
 def test_eager_equals_sdpa(batch, tmp_path) -> None:

@@ -32,9 +32,10 @@ Deviations from the paper (each a deliberate, documented choice):
    generation config's ``max_length_offset``).
 4. Label smoothing (§5.4) is computed in the model's loss (``config.label_smoothing``) so that its
    normalisation under gradient accumulation and data parallelism is the same as the plain loss.
-5. Padding: the paper does not discuss it. Keys that are padding are masked in every attention; a
-   query row whose keys are all padding attends uniformly instead (its output is never used), so
-   fully padded rows stay finite in every precision.
+5. Padding: the paper does not discuss it. Keys that are padding are masked in every attention. A
+   query row with no key to attend to (a fully padded sentence) stays finite in every precision: SDPA
+   and flex attention give it a zero output, the eager kernel adds its mask in fp32 (its output is
+   never used).
 6. Options, all off by default, that let trained OPUS-MT (Marian) and fairseq (FSMT) checkpoints
    run unchanged (``hf_vanilla.interop.convert``): sin/cos in two halves instead of interleaved
    (``position_encoding_layout``), tensor2tensor's frequencies (``position_encoding_timescales``),
@@ -49,11 +50,10 @@ Deviations from the paper (each a deliberate, documented choice):
 Shape notation: B batch, S source length, T target length (new tokens in this call), P cached
 target length, K key length, D = d_model, H heads, Dh = D / H per-head width, F = d_ff, V vocabulary.
 
-Mask semantics (all masks are built in :func:`build_attention_mask`):
-* ``attention_mask`` given by the user (HF convention): ``1`` = real token, ``0`` = padding.
-* Internally: a boolean tensor broadcastable to (B, H, T, K), ``True`` = may attend (SDPA's
-  convention; ``torch.nn.MultiheadAttention`` uses the opposite), or ``None`` when nothing needs
-  masking (no padding; causality, if any, done by SDPA's ``is_causal`` path).
+Masks (§3.2.3) are built as transformers' own models build them, by ``masking_utils``
+(``create_bidirectional_mask``, ``create_causal_mask``), in the format of the configured kernel;
+``attention_mask`` given by the user is 1 = real token, 0 = padding. Declared and tested equal to
+eager: ``sdpa`` (the default), ``flex_attention`` and, where installed, ``flash_attention_2``.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -194,14 +195,18 @@ def eager_attention_forward(
     """§3.2.1 Eq. (1): Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V.
 
     Args:
-        query: (B, H, T, Dh); key, value: (B, H, K, Dh); attention_mask: boolean, True = attend,
-            None = attend to every key (the decoder always gives this kernel its causal mask).
+        query: (B, H, T, Dh); key, value: (B, H, K, Dh); attention_mask (B, 1, T, K) from
+            ``masking_utils``: additive (0 = attend, the dtype's minimum = masked; added in fp32, so
+            a row with nothing to attend to stays finite), boolean (True = attend: SDPA's mask, when
+            the SDPA entry hands a step to this kernel), or None = attend to every key.
     Returns:
         (B, T, H, Dh) output and (B, H, T, K) attention probabilities.
     """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, T, K)
-    if attention_mask is not None:
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
         scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    elif attention_mask is not None:
+        scores = scores.float() + attention_mask
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     probs = F.dropout(probs, p=dropout, training=module.training)
     output = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, H, Dh)
@@ -308,7 +313,7 @@ class VanillaTransformerAttention(nn.Module):
         attention_interface: Callable = ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        if attention_mask is not None and attention_mask.device != query.device:  # model parallelism
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.device != query.device:  # pipelines
             attention_mask = attention_mask.to(query.device)
         output, weights = attention_interface(
             self,
@@ -324,68 +329,6 @@ class VanillaTransformerAttention(nn.Module):
         if weights is not None and groups > 1:  # (B/k, H, k·T, K) → (B, H, T, K)
             weights = weights.unflatten(2, (groups, length)).transpose(1, 2).flatten(0, 1)
         return fast_linear(self.out_proj, output), weights
-
-
-# --------------------------------------------------------------------------------------------------
-# §3.2.3 Masks ("masking out ... illegal connections", and padding): the one place where they are
-# built (see the module docstring for their polarity)
-# --------------------------------------------------------------------------------------------------
-def build_attention_mask(
-    padding_mask: torch.Tensor | None,
-    query_length: int,
-    key_length: int,
-    causal: bool,
-    past_length: int | torch.Tensor = 0,
-    materialize_causal: bool = False,
-    device: torch.device | None = None,
-) -> torch.Tensor | None:
-    """Build the boolean attention mask, ``True`` = may attend, broadcastable to (B, H, T, K), on
-    ``device`` (the inputs' device; once per forward, shared by every layer).
-
-    Args:
-        padding_mask: (B, K') HF mask, 1 = real key, 0 = padding key, K' ≤ K (keys past K' are
-            positions of a static cache not yet written, masked by causality); ``None`` = no padding;
-            or a prepared (B, 1, T, K) mask, used as it is.
-        query_length: T, the number of queries in this call.
-        key_length: K, the number of keys: P + T for decoder self-attention with a growing cache,
-            the cache's capacity with a static one, S otherwise.
-        causal: query t (at absolute position P + t) may attend only to keys at positions ≤ P + t
-            (§3.2.3: "masking out ... all values ... which correspond to illegal connections").
-        past_length: P, the number of cached decoder positions (a 0-d tensor for a static cache).
-        materialize_causal: build the causal part as a tensor even where SDPA's ``is_causal`` could
-            do it (needed by the eager kernel).
-
-    Returns ``None`` when nothing needs masking: no padding and either no causality, or causality
-    that needs no mask (a single query over exactly its past) or that SDPA applies itself (T == K).
-    A query row with no key left to attend to (a fully padded sentence) is unmasked entirely, so
-    that softmax stays finite. Whether a padding mask has any padding is checked only where that is
-    a free read (:func:`_readable`); elsewhere (GPUs, compilation) the mask is always built.
-    """
-    if padding_mask is not None and padding_mask.dim() == 4:
-        # Already a (B, 1, T, K) mask, causality included (``generate()`` builds one for a static
-        # cache): boolean True = attend, or additive (0 = attend, a large negative = masked).
-        mask = padding_mask if padding_mask.dtype == torch.bool else padding_mask == 0
-        return mask | ~mask.any(dim=-1, keepdim=True)
-    if padding_mask is not None and _readable(padding_mask) and bool(padding_mask.all()):
-        padding_mask = None
-    exact_keys = isinstance(past_length, int) and key_length == past_length + query_length
-    if padding_mask is None and (
-        not causal or (exact_keys and (query_length == 1 or (past_length == 0 and not materialize_causal)))
-    ):
-        return None
-    device = padding_mask.device if padding_mask is not None else device
-    mask = None
-    if padding_mask is not None:
-        if padding_mask.shape[-1] < key_length:  # a static cache's unwritten positions
-            padding_mask = F.pad(padding_mask, (0, key_length - padding_mask.shape[-1]), value=1)
-        mask = padding_mask[:, None, None, :].to(torch.bool)  # (B, 1, 1, K)
-    if causal:
-        q_pos = torch.arange(query_length, device=device) + past_length
-        k_pos = torch.arange(key_length, device=device)
-        causal_mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, K)
-        mask = causal_mask if mask is None else mask & causal_mask  # (B, 1, T, K)
-    # Rows with nothing to attend to (all keys padding) attend to everything instead.
-    return mask | ~mask.any(dim=-1, keepdim=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -498,9 +441,9 @@ class VanillaTransformerPreTrainedModel(VanillaTransformerSavingMixin, PreTraine
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["VanillaTransformerEncoderLayer", "VanillaTransformerDecoderLayer"]
-    _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
+    _supports_sdpa = True  # as MarianMTModel: every kernel masking_utils builds masks for
+    _supports_flash_attn = True
+    _supports_flex_attn = True
     _can_compile_fullgraph = True  # a static cache and torch.compile(fullgraph=True) decoding
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -633,9 +576,7 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
             hidden_states.shape[1], 0, hidden_states.device, hidden_states.dtype
         )
         hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
-        mask = build_attention_mask(
-            attention_mask, hidden_states.shape[1], hidden_states.shape[1], causal=False
-        )
+        mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)  # §3.2.3: padding
         kwargs.setdefault("output_attentions", self.config.output_attentions)  # read by the kernel
         for layer in self.layers:
             (hidden_states,) = layer(hidden_states, mask, **kwargs)
@@ -702,18 +643,12 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
 
         kwargs.setdefault("output_attentions", self.config.output_attentions)  # read by the kernel
-        key_length = (
-            cache.self_attention_cache.get_mask_sizes(length, 0)[0] if cache is not None else length
-        )  # P + T, or a static cache's capacity
-        self_mask = build_attention_mask(
+        self_mask = create_causal_mask(  # §3.2.3: "masking out ... illegal connections", and padding
+            self.config,
+            hidden_states,
             attention_mask,
-            length,
-            key_length,
-            causal=True,
-            past_length=past_length,
-            materialize_causal=bool(kwargs["output_attentions"])
-            or self.config._attn_implementation != "sdpa",
-            device=hidden_states.device,
+            cache.self_attention_cache if cache is not None else None,
+            allow_is_causal_skip=not kwargs["output_attentions"],  # the eager kernel needs its mask
         )
         groups = hidden_states.shape[0] // encoder_hidden_states.shape[0]
         if hidden_states.shape[0] != groups * encoder_hidden_states.shape[0]:
@@ -727,8 +662,11 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
             and encoder_attention_mask.shape[0] != encoder_hidden_states.shape[0]
         ):
             encoder_attention_mask = encoder_attention_mask[::groups]  # one row per sentence
-        cross_mask = build_attention_mask(
-            encoder_attention_mask, length, encoder_hidden_states.shape[1], causal=False
+        cross_mask = create_bidirectional_mask(  # the k·T queries of a sentence share its mask row
+            self.config,
+            hidden_states.view(encoder_hidden_states.shape[0], groups * length, -1),
+            encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
         )
 
         for layer in self.layers:
