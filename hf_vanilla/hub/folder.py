@@ -68,7 +68,8 @@ CUSTOM_PIPELINES = {
 @contextlib.contextmanager
 def registered_for_remote_code(model: Any) -> Iterator[None]:
     """While inside, ``model.save_pretrained`` writes the modeling code (and its relative imports,
-    ``fast_paths.py``, ``generation_vanilla_transformer.py``, ``saving_vanilla_transformer.py``), an ``auto_map`` for ``AutoConfig``,
+    ``fast_paths.py``, ``generation_vanilla_transformer.py``, ``saving_vanilla_transformer.py``,
+    ``vocabulary_vanilla_transformer.py``), an ``auto_map`` for ``AutoConfig``,
     ``AutoModel`` and ``AutoModelForSeq2SeqLM``, and the pipeline entry. The classes' registration and the config are restored afterwards."""
     with restored_auto_class_registration(model, "auto_map", "custom_pipelines"):
         # The model's save_pretrained maps AutoConfig, AutoModel and AutoModelForSeq2SeqLM once registered
