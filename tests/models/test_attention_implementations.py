@@ -123,8 +123,8 @@ def test_sdpa_equals_eager(folder: Path) -> None:
     raises=torch._inductor.exc.InductorError,
     strict=True,
     reason="torch 2.13's Inductor CPU template for flex attention emits C++ that does not compile "
-    "(`cur_kvSplitSize0` was not declared) for masking_utils' padding mask_mod; MarianMTModel meets "
-    "the same. Remove this mark when torch fixes it (strict: the test then reports XPASS).",
+    "(`cur_kvSplitSize0` was not declared) for masking_utils' padding mask_mod (which it builds for "
+    "every model). Remove this mark when torch fixes it (strict: the test then reports XPASS).",
 )
 def test_flex_attention_equals_eager_on_the_cpu(folder: Path) -> None:
     """Compiles flex attention for each new shape: minutes on two cores."""
