@@ -105,6 +105,7 @@ HUB_FOLDER_FILES = {
     "fast_paths.py",
     "generation_vanilla_transformer.py",
     "saving_vanilla_transformer.py",
+    "vocabulary_vanilla_transformer.py",
     "pipeline_vanilla_transformer.py",
     "tokenizer.json",
     "tokenizer_config.json",

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import pickle
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -224,11 +227,11 @@ def test_training_step_through_the_fused_kernels_equals_the_plain_path(
     fused = step(input_ids=batch["input_ids"])
     assert calls == [1] and lookups == [1]
     # The plain path: F.linear + F.cross_entropy, and two separate embedding lookups.
-    monkeypatch.setenv(fast_paths.SWITCH, "0")
     embed = model.get_input_embeddings()
     decoder_input_ids = model.prepare_decoder_input_ids_from_labels(batch["labels"])
-    plain = step(inputs_embeds=embed(batch["input_ids"]), decoder_inputs_embeds=embed(decoder_input_ids))
-    assert calls == [1] and lookups == [1]
+    with fast_paths.disabled():
+        plain = step(inputs_embeds=embed(batch["input_ids"]), decoder_inputs_embeds=embed(decoder_input_ids))
+        assert calls == [1] and lookups == [1]
     torch.testing.assert_close(fused[0], plain[0])
     torch.testing.assert_close(fused[1], plain[1])
     for got, expected in zip(fused[2], plain[2], strict=True):
@@ -331,9 +334,10 @@ def test_the_switch_turns_every_fast_path_off(batch, monkeypatch) -> None:
     assert _ran_onednn(lambda: _train_step_and_generate(model, batch)) == fast_paths._ONEDNN_LINEAR
     assert set(calls) == {"dropout", "loss", "cache", "attention"}
     calls.clear()
-    monkeypatch.setenv(fast_paths.SWITCH, "0")
-    assert not _ran_onednn(lambda: _train_step_and_generate(model, batch))
-    assert calls == []
+    with fast_paths.disabled():
+        assert not _ran_onednn(lambda: _train_step_and_generate(model, batch))
+        assert calls == []
+    assert fast_paths.enabled()  # restored on leaving the block
 
 
 # ------------------------------------------------------------------------------------------------
@@ -360,7 +364,7 @@ def test_torchscript_trace_equals_eager() -> None:
         assert "mkldnn" not in str(traced_encoder.inlined_graph)
 
 
-def test_autocast_gives_what_stock_modules_give(batch, monkeypatch) -> None:
+def test_autocast_gives_what_stock_modules_give(batch) -> None:
     """Under CPU autocast (bf16) every projection runs as the stock module, so the outputs are those of
     the model with its fast paths off, to the bit (one fp32 projection would change them)."""
     model = _base_width_model()
@@ -369,8 +373,8 @@ def test_autocast_gives_what_stock_modules_give(batch, monkeypatch) -> None:
     }
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         fast = model(**inputs)
-        monkeypatch.setenv(fast_paths.SWITCH, "0")
-        stock = model(**inputs)
+        with fast_paths.disabled():
+            stock = model(**inputs)
     assert fast.logits.dtype == torch.bfloat16
     assert torch.equal(fast.logits, stock.logits)
     assert torch.equal(fast.encoder_last_hidden_state, stock.encoder_last_hidden_state)
@@ -475,3 +479,21 @@ def test_copies_other_dtypes_and_frozen_parts_equal_the_original(batch) -> None:
             assert p.grad is None, name
         else:
             torch.testing.assert_close(p.grad, grads[name], msg=name)
+
+
+def test_the_environment_switch_is_read_once_at_import() -> None:
+    """``HF_VANILLA_FAST_PATHS=0`` set before import turns the fast paths off; the environment is not
+    read again afterwards (no environment read in ``forward``), ``set_enabled`` switches at run time."""
+    program = (
+        "import os\n"
+        "from hf_vanilla.models.vanilla_transformer import fast_paths\n"
+        "print(fast_paths.enabled())\n"
+        "os.environ[fast_paths.SWITCH] = '1' if os.environ.get(fast_paths.SWITCH) == '0' else '0'\n"
+        "print(fast_paths.enabled())\n"
+        "print(fast_paths.set_enabled(not fast_paths.enabled()), fast_paths.enabled())\n"
+    )
+    for value, expected in (("0", "False\nFalse\nFalse True\n"), ("1", "True\nTrue\nTrue False\n")):
+        env = {**os.environ, fast_paths.SWITCH: value}
+        done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == expected

@@ -104,6 +104,7 @@ def test_a_folder_written_by_the_released_code_loads_unchanged(tokenizer, tmp_pa
     folder = save_model_folder(tiny_model(), tokenizer, tmp_path / "released")
     (folder / "generation_vanilla_transformer.py").unlink()
     (folder / "saving_vanilla_transformer.py").unlink()
+    (folder / "vocabulary_vanilla_transformer.py").unlink()
     for name, text in released.items():
         (folder / name).write_text(text)
     assert sorted(path.name for path in folder.glob("*.py")) == sorted(RELEASED_CODE)
@@ -145,6 +146,7 @@ def test_folder_of_an_fsdp2_sharded_model_names_and_holds_the_hf_vanilla_code(
         "modeling_vanilla_transformer.py",
         "pipeline_vanilla_transformer.py",
         "saving_vanilla_transformer.py",
+        "vocabulary_vanilla_transformer.py",
     ]
     assert type(model)._auto_class is None and getattr(model.config, "auto_map", None) is None
     assert_self_contained(folder, tmp_path)

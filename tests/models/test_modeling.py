@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -23,11 +24,11 @@ from hf_vanilla import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
+from hf_vanilla.models.vanilla_transformer import fast_paths
 from hf_vanilla.models.vanilla_transformer.generation_vanilla_transformer import _SourceLengthBound
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerDecoderLayer,
     VanillaTransformerEncoderLayer,
-    build_attention_mask,
     sinusoidal_position_encoding,
 )
 
@@ -127,18 +128,6 @@ def test_initialisation_is_the_documented_choice() -> None:
 # ------------------------------------------------------------------------------------------------
 # Masks and attention implementations
 # ------------------------------------------------------------------------------------------------
-def test_mask_builder_polarity_and_fast_paths() -> None:
-    padding = torch.tensor([[1, 1, 0], [0, 0, 0]])
-    mask = build_attention_mask(padding, 3, 3, causal=False)
-    assert mask.dtype == torch.bool and mask.shape == (2, 1, 1, 3)
-    assert mask[0, 0, 0].tolist() == [True, True, False]
-    assert mask[1].all()  # a fully padded row attends everywhere instead of nowhere
-    causal = build_attention_mask(None, 2, 5, causal=True, past_length=3)
-    assert causal[0, 0].tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
-    assert build_attention_mask(torch.ones(2, 3), 3, 3, causal=False) is None
-    assert build_attention_mask(None, 4, 4, causal=True) is None  # SDPA's is_causal path
-    assert build_attention_mask(None, 1, 9, causal=True, past_length=8) is None
-    assert build_attention_mask(None, 4, 4, causal=True, materialize_causal=True) is not None
 
 
 def test_eager_equals_sdpa(batch, tmp_path) -> None:
@@ -260,6 +249,13 @@ def test_static_cache_equals_dynamic_cache(model, batch, kwargs: dict, attn_impl
         assert torch.equal(static, dynamic), lengths
 
 
+@pytest.fixture
+def fast_paths_off() -> Iterator[None]:
+    """Stock operators only, as on a GPU (the documented run-time switch)."""
+    with fast_paths.disabled():
+        yield
+
+
 def _static_cache(model: VanillaTransformerForConditionalGeneration, source_length: int) -> object:
     from transformers.cache_utils import EncoderDecoderCache, StaticCache
 
@@ -270,11 +266,10 @@ def _static_cache(model: VanillaTransformerForConditionalGeneration, source_leng
 
 
 def test_compiled_decoding_step_has_no_graph_break_and_equals_the_full_forward(
-    model, batch, monkeypatch
+    model, batch, fast_paths_off
 ) -> None:
     """torch.compile(model.forward, fullgraph=True) on a cached decoding step (a static cache): no graph
     break, so no host sync or data-dependent control flow on the GPU path (fast paths off)."""
-    monkeypatch.setenv("HF_VANILLA_FAST_PATHS", "0")
     source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     forward = torch.compile(model.forward, fullgraph=True)
     with torch.no_grad():
@@ -295,10 +290,9 @@ def test_compiled_decoding_step_has_no_graph_break_and_equals_the_full_forward(
     torch.testing.assert_close(out.logits[:, -1], full.logits[:, -1], atol=1e-5, rtol=1e-5)
 
 
-def test_compiled_training_step_has_no_graph_break_and_equals_eager(batch, monkeypatch) -> None:
+def test_compiled_training_step_has_no_graph_break_and_equals_eager(batch, fast_paths_off) -> None:
     """torch.compile(model, fullgraph=True) of forward + backward with padding and labels (the GPU
     training path: fast paths off) compiles without a graph break and gives eager's loss and gradients."""
-    monkeypatch.setenv("HF_VANILLA_FAST_PATHS", "0")
     model = tiny_model(dropout=0.0).train()
     compiled = torch.compile(model, fullgraph=True)
     results = []

@@ -29,8 +29,9 @@ transforms, autocast, or for a module that is not exactly the stock ``nn.Linear`
 else — GPUs, other dtypes, quantized or adapted layers, offloading — the model runs the stock
 operator, so every tool that works on stock modules works on this model.
 
-**One switch.** ``HF_VANILLA_FAST_PATHS=0`` in the environment turns every fast path off (read at
-each call, so it can be flipped at run time); the model then runs only stock operators.
+**One switch.** ``HF_VANILLA_FAST_PATHS=0`` in the environment turns every fast path off (read once,
+when this module is imported); at run time :func:`set_enabled` or the :func:`disabled` context
+manager switch them. Off, the model runs only stock operators.
 
 This file imports only torch and transformers: it travels with the modeling file into a Hub folder.
 """
@@ -39,7 +40,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -49,13 +51,34 @@ from torch.nn.modules import module as _module
 from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-#: The environment variable that turns every fast path off when set to ``0``.
+#: The environment variable that turns every fast path off when set to ``0`` before import.
 SWITCH = "HF_VANILLA_FAST_PATHS"
+#: ... read here, once: ``forward`` never reads the environment.
+_enabled = os.environ.get(SWITCH, "1") != "0"
 
 
 def enabled() -> bool:
-    """Whether the fast paths may run at all (``HF_VANILLA_FAST_PATHS`` is not ``0``)."""
-    return os.environ.get(SWITCH, "1") != "0"
+    """Whether the fast paths may run at all (see :func:`set_enabled`)."""
+    return _enabled
+
+
+def set_enabled(on: bool) -> bool:
+    """Turn every fast path on or off in this process (for the models whose modeling file imports this
+    module); returns the previous setting. The start value is ``HF_VANILLA_FAST_PATHS`` at import."""
+    global _enabled
+    previous, _enabled = _enabled, bool(on)
+    return previous
+
+
+@contextmanager
+def disabled() -> Iterator[None]:
+    """``with fast_paths.disabled(): ...`` runs the model on stock operators only, then restores the
+    previous setting."""
+    previous = set_enabled(False)
+    try:
+        yield
+    finally:
+        set_enabled(previous)
 
 
 def _transformed(tensor: torch.Tensor) -> bool:

@@ -1,21 +1,17 @@
 """The original Transformer: Vaswani et al. (2017), "Attention Is All You Need", arXiv:1706.03762.
 
-The file follows the paper: decoder inputs from targets and §3.5 positional encoding, §3.2.1 Eq. (1)
-attention, §3.2.2 multi-head attention, the §3.2.3 masks, §3.3 Eq. (2) feed-forward network, §3.1
-encoder and decoder layers and stacks with §3.4 embeddings, the model, the pre-softmax projection,
-and at the end the §5.4 loss. §6.1 decoding (beam search, the source + 50 length bound) is in the
-sibling :mod:`generation_vanilla_transformer`. It imports only torch, transformers and the package's
-own flat sibling modules (the config, :mod:`fast_paths`, the generation file and
-:mod:`saving_vanilla_transformer`, whose ``save_pretrained`` writes the folder's ``auto_map``), so a
-folder saved after ``register_for_auto_class`` loads with ``trust_remote_code=True`` where hf_vanilla is not installed.
+The file follows the paper: decoder inputs and §3.5 positional encoding, §3.2.1 Eq. (1), §3.2.2
+multi-head attention, §3.3 Eq. (2), §3.1 layers and stacks with §3.4 embeddings, the model, the
+pre-softmax projection and the §5.4 loss; §6.1 decoding is in :mod:`generation_vanilla_transformer`.
+It imports only torch, transformers and its siblings (config, generation, :mod:`fast_paths`, input
+checks and resizing in :mod:`vocabulary_vanilla_transformer`, ``save_pretrained`` in
+:mod:`saving_vanilla_transformer`), so a saved folder loads with ``trust_remote_code=True`` alone.
 
 CPU speed-ups are not here: attention reaches its kernel through transformers' attention interface
-(this file's ``ATTENTION_FUNCTIONS``, whose SDPA entry may pick the eager kernel for CPU decoding
-steps), and the layers call :mod:`fast_paths` (``fast_linear(self.q_proj, x)`` where
-a stock model writes ``self.q_proj(x)``, ``fast_dropout(x, p, training)`` for ``F.dropout``, …),
-whose every function computes what its stock fallback computes and takes the fallback wherever it
-was not measured or would be visible (GPUs, autocast, compile, TorchScript, ``torch.func``,
-quantized or hooked layers). ``HF_VANILLA_FAST_PATHS=0`` turns them all off.
+(``ATTENTION_FUNCTIONS``), and the layers call :mod:`fast_paths` (``fast_linear(self.q_proj, x)`` for
+``self.q_proj(x)``, …), each computing what its stock fallback computes, which it takes wherever it
+was not measured or would be visible. ``HF_VANILLA_FAST_PATHS=0`` (read at import) or
+``fast_paths.set_enabled(False)`` turns them all off.
 
 Deviations from the paper (each a deliberate, documented choice):
 
@@ -31,9 +27,10 @@ Deviations from the paper (each a deliberate, documented choice):
    generation config's ``max_length_offset``).
 4. Label smoothing (§5.4) is computed in the model's loss (``config.label_smoothing``) so that its
    normalisation under gradient accumulation and data parallelism is the same as the plain loss.
-5. Padding: the paper does not discuss it. Keys that are padding are masked in every attention; a
-   query row whose keys are all padding attends uniformly instead (its output is never used), so
-   fully padded rows stay finite in every precision.
+5. Padding: the paper does not discuss it. Keys that are padding are masked in every attention. A
+   query row with no key to attend to (a fully padded sentence) stays finite in every precision: SDPA
+   and flex attention give it a zero output, the eager kernel adds its mask in fp32 (its output is
+   never used).
 6. Options, all off by default, that let trained OPUS-MT (Marian) and fairseq (FSMT) checkpoints
    run unchanged (``hf_vanilla.interop.convert``): sin/cos in two halves instead of interleaved
    (``position_encoding_layout``), tensor2tensor's frequencies (``position_encoding_timescales``),
@@ -48,17 +45,13 @@ Deviations from the paper (each a deliberate, documented choice):
 Shape notation: B batch, S source length, T target length (new tokens in this call), P cached
 target length, K key length, D = d_model, H heads, Dh = D / H per-head width, F = d_ff, V vocabulary.
 
-Mask semantics (all masks are built in :func:`build_attention_mask`):
-* ``attention_mask`` given by the user (HF convention): ``1`` = real token, ``0`` = padding.
-* Internally: a boolean tensor broadcastable to (B, H, T, K), ``True`` = may attend (SDPA's
-  convention; ``torch.nn.MultiheadAttention`` uses the opposite), or ``None`` when nothing needs
-  masking (no padding; causality, if any, done by SDPA's ``is_causal`` path).
+Masks (§3.2.3) come from transformers' ``masking_utils`` in the kernel's format (``sdpa``, ``flex_attention``
+and ``flash_attention_2`` are declared, as Marian does); a user's ``attention_mask``: 1 = token, 0 = padding.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 
 import torch
@@ -69,6 +62,7 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -77,10 +71,8 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import AttentionInterface
-from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
-from transformers.utils.loading_report import LoadStateDictInfo
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
@@ -91,15 +83,12 @@ from .fast_paths import linear_cross_entropy as fast_linear_cross_entropy
 from .fast_paths import update_self_attention_cache
 from .generation_vanilla_transformer import VanillaTransformerGenerationMixin
 from .saving_vanilla_transformer import VanillaTransformerSavingMixin
-
-logger = logging.get_logger(__name__)
-
-#: Set to ``1`` to check token ids against the vocabulary on every device. On the CPU the check is
-#: always made (it costs nothing there); elsewhere it reads the ids back to the host, a sync per
-#: forward, so it is off unless asked for (an id out of range then fails inside the embedding).
-CHECK_TOKEN_IDS = "HF_VANILLA_CHECK_TOKEN_IDS"
-#: ... read once, when the model is imported (never inside ``forward``).
-_CHECK_TOKEN_IDS_EVERYWHERE = os.environ.get(CHECK_TOKEN_IDS) == "1"
+from .vocabulary_vanilla_transformer import (
+    VanillaTransformerVocabularyMixin,
+    check_labels,
+    check_token_ids,
+    readable,
+)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -193,14 +182,18 @@ def eager_attention_forward(
     """§3.2.1 Eq. (1): Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V.
 
     Args:
-        query: (B, H, T, Dh); key, value: (B, H, K, Dh); attention_mask: boolean, True = attend,
-            None = attend to every key (the decoder always gives this kernel its causal mask).
+        query: (B, H, T, Dh); key, value: (B, H, K, Dh); attention_mask (B, 1, T, K) from
+            ``masking_utils``: additive (0 = attend, the dtype's minimum = masked; added in fp32, so
+            a row with nothing to attend to stays finite), boolean (True = attend: SDPA's mask, when
+            the SDPA entry hands a step to this kernel), or None = attend to every key.
     Returns:
         (B, T, H, Dh) output and (B, H, T, K) attention probabilities.
     """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, T, K)
-    if attention_mask is not None:
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
         scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    elif attention_mask is not None:
+        scores = scores.float() + attention_mask
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     probs = F.dropout(probs, p=dropout, training=module.training)
     output = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, H, Dh)
@@ -307,7 +300,7 @@ class VanillaTransformerAttention(nn.Module):
         attention_interface: Callable = ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        if attention_mask is not None and attention_mask.device != query.device:  # model parallelism
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.device != query.device:  # pipelines
             attention_mask = attention_mask.to(query.device)
         output, weights = attention_interface(
             self,
@@ -323,68 +316,6 @@ class VanillaTransformerAttention(nn.Module):
         if weights is not None and groups > 1:  # (B/k, H, k·T, K) → (B, H, T, K)
             weights = weights.unflatten(2, (groups, length)).transpose(1, 2).flatten(0, 1)
         return fast_linear(self.out_proj, output), weights
-
-
-# --------------------------------------------------------------------------------------------------
-# §3.2.3 Masks ("masking out ... illegal connections", and padding): the one place where they are
-# built (see the module docstring for their polarity)
-# --------------------------------------------------------------------------------------------------
-def build_attention_mask(
-    padding_mask: torch.Tensor | None,
-    query_length: int,
-    key_length: int,
-    causal: bool,
-    past_length: int | torch.Tensor = 0,
-    materialize_causal: bool = False,
-    device: torch.device | None = None,
-) -> torch.Tensor | None:
-    """Build the boolean attention mask, ``True`` = may attend, broadcastable to (B, H, T, K), on
-    ``device`` (the inputs' device; once per forward, shared by every layer).
-
-    Args:
-        padding_mask: (B, K') HF mask, 1 = real key, 0 = padding key, K' ≤ K (keys past K' are
-            positions of a static cache not yet written, masked by causality); ``None`` = no padding;
-            or a prepared (B, 1, T, K) mask, used as it is.
-        query_length: T, the number of queries in this call.
-        key_length: K, the number of keys: P + T for decoder self-attention with a growing cache,
-            the cache's capacity with a static one, S otherwise.
-        causal: query t (at absolute position P + t) may attend only to keys at positions ≤ P + t
-            (§3.2.3: "masking out ... all values ... which correspond to illegal connections").
-        past_length: P, the number of cached decoder positions (a 0-d tensor for a static cache).
-        materialize_causal: build the causal part as a tensor even where SDPA's ``is_causal`` could
-            do it (needed by the eager kernel).
-
-    Returns ``None`` when nothing needs masking: no padding and either no causality, or causality
-    that needs no mask (a single query over exactly its past) or that SDPA applies itself (T == K).
-    A query row with no key left to attend to (a fully padded sentence) is unmasked entirely, so
-    that softmax stays finite. Whether a padding mask has any padding is checked only where that is
-    a free read (:func:`_readable`); elsewhere (GPUs, compilation) the mask is always built.
-    """
-    if padding_mask is not None and padding_mask.dim() == 4:
-        # Already a (B, 1, T, K) mask, causality included (``generate()`` builds one for a static
-        # cache): boolean True = attend, or additive (0 = attend, a large negative = masked).
-        mask = padding_mask if padding_mask.dtype == torch.bool else padding_mask == 0
-        return mask | ~mask.any(dim=-1, keepdim=True)
-    if padding_mask is not None and _readable(padding_mask) and bool(padding_mask.all()):
-        padding_mask = None
-    exact_keys = isinstance(past_length, int) and key_length == past_length + query_length
-    if padding_mask is None and (
-        not causal or (exact_keys and (query_length == 1 or (past_length == 0 and not materialize_causal)))
-    ):
-        return None
-    device = padding_mask.device if padding_mask is not None else device
-    mask = None
-    if padding_mask is not None:
-        if padding_mask.shape[-1] < key_length:  # a static cache's unwritten positions
-            padding_mask = F.pad(padding_mask, (0, key_length - padding_mask.shape[-1]), value=1)
-        mask = padding_mask[:, None, None, :].to(torch.bool)  # (B, 1, 1, K)
-    if causal:
-        q_pos = torch.arange(query_length, device=device) + past_length
-        k_pos = torch.arange(key_length, device=device)
-        causal_mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, K)
-        mask = causal_mask if mask is None else mask & causal_mask  # (B, 1, T, K)
-    # Rows with nothing to attend to (all keys padding) attend to everything instead.
-    return mask | ~mask.any(dim=-1, keepdim=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -497,9 +428,9 @@ class VanillaTransformerPreTrainedModel(VanillaTransformerSavingMixin, PreTraine
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["VanillaTransformerEncoderLayer", "VanillaTransformerDecoderLayer"]
-    _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
+    _supports_sdpa = True  # as MarianMTModel: every kernel masking_utils builds masks for
+    _supports_flash_attn = True
+    _supports_flex_attn = True
     _can_compile_fullgraph = True  # a static cache and torch.compile(fullgraph=True) decoding
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -521,74 +452,10 @@ class VanillaTransformerPreTrainedModel(VanillaTransformerSavingMixin, PreTraine
         if isinstance(getattr(module, "final_logits_bias", None), torch.Tensor):
             init.zeros_(module.final_logits_bias)  # deviation 6 (Marian's bias), zero unless loaded
 
-    def mark_tied_weights_as_initialized(self, loading_info: LoadStateDictInfo) -> None:
-        """``PreTrainedModel.mark_tied_weights_as_initialized``, keeping a tie's missing source missing.
-
-        While loading, transformers flags every tied *target* (``encoder.embed_tokens.weight``, ...)
-        as initialised; here a target is the very Parameter of its source (``shared.weight``), so the
-        source is flagged too, and for a model outside transformers every flagged key is then dropped
-        from the missing keys. A checkpoint without the embedding would leave ``shared.weight``
-        unreported, never initialised and on the meta device. A source that no checkpoint key loaded
-        stays missing: it is reported as Marian reports it, moved off the meta device and initialised.
-        """
-        unloaded_sources = {
-            key
-            for key in set(self.all_tied_weights_keys.values()) & loading_info.missing_keys
-            if not getattr(self.get_parameter_or_buffer(key), "_is_hf_initialized", False)
-        }
-        super().mark_tied_weights_as_initialized(loading_info)
-        loading_info.missing_keys |= unloaded_sources
-
 
 # --------------------------------------------------------------------------------------------------
 # §3.1 The encoder and decoder stacks, §3.4 embeddings
 # --------------------------------------------------------------------------------------------------
-def _readable(tensor: torch.Tensor) -> bool:
-    """Whether the values of ``tensor`` can be read on the host for free: a CPU tensor outside
-    ``torch.compile``, TorchScript tracing and ``torch.func`` transforms. Checks that read values
-    (is there padding? are the ids in the vocabulary?) run only then, so that no other path has a
-    host sync or data-dependent control flow."""
-    return (
-        tensor.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
-        and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
-    )
-
-
-def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> None:
-    """Raise a clear error for ids outside [0, V) instead of an index error deep inside torch: on
-    the CPU always (outside compilation and transforms), elsewhere only with
-    ``HF_VANILLA_CHECK_TOKEN_IDS=1`` at import (it needs a host sync)."""
-    if input_ids.numel() == 0:
-        raise ValueError(
-            f"`{name}` is empty (shape {tuple(input_ids.shape)}): give at least one row of at least one token."
-        )
-    if not (_readable(input_ids) or (_CHECK_TOKEN_IDS_EVERYWHERE and not torch.compiler.is_compiling())):
-        return
-    low, high = int(input_ids.min()), int(input_ids.max())
-    if low < 0 or high >= vocab_size:
-        raise ValueError(
-            f"`{name}` contains token id {high if high >= vocab_size else low}, outside the vocabulary "
-            f"[0, {vocab_size}). Use the tokenizer the model was trained with, or resize the embeddings "
-            "with `model.resize_token_embeddings(len(tokenizer))`."
-        )
-
-
-def _check_labels(labels: torch.Tensor, vocab_size: int) -> None:
-    """Raise a clear error for labels outside [0, V) other than -100 (ignored), instead of an index
-    error inside the loss. It reads the values, so the caller runs it only where that is free
-    (:func:`_readable`)."""
-    if labels.numel() == 0:
-        return
-    bad = labels[(labels != -100) & ((labels < 0) | (labels >= vocab_size))]
-    if bad.numel():
-        raise ValueError(
-            f"`labels` contain token id {int(bad[0])}, outside the vocabulary [0, {vocab_size}) (-100 marks "
-            "ignored positions). Tokenize the targets with the tokenizer the model was trained with."
-        )
-
-
 class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
     """§3.1 encoder: N identical layers over Dropout(√d_model · Embedding(x) + PE) (§3.4, §3.5, §5.4).
     There is no final LayerNorm: the last layer's post-LN output is the encoder output.
@@ -625,16 +492,14 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of `input_ids` or `inputs_embeds` to the encoder.")
         if input_ids is not None:
-            _check_token_ids(input_ids, self.embed_tokens.num_embeddings, "input_ids")
+            check_token_ids(input_ids, self.embed_tokens.num_embeddings, "input_ids")
             inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = inputs_embeds * self.embed_scale  # (B, S, D)
         hidden_states = hidden_states + self.embed_positions(
             hidden_states.shape[1], 0, hidden_states.device, hidden_states.dtype
         )
         hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
-        mask = build_attention_mask(
-            attention_mask, hidden_states.shape[1], hidden_states.shape[1], causal=False
-        )
+        mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)  # §3.2.3: padding
         kwargs.setdefault("output_attentions", self.config.output_attentions)  # read by the kernel
         for layer in self.layers:
             (hidden_states,) = layer(hidden_states, mask, **kwargs)
@@ -691,7 +556,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         if input_ids is not None:
             if cache is None or cache.self_attention_cache.is_compileable or past_length == 0:
                 # generated ids come from the model's own vocabulary; the check skips them
-                _check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids")
+                check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids")
             inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = inputs_embeds * self.embed_scale  # (B, T, D)
         length = hidden_states.shape[1]
@@ -701,18 +566,12 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
 
         kwargs.setdefault("output_attentions", self.config.output_attentions)  # read by the kernel
-        key_length = (
-            cache.self_attention_cache.get_mask_sizes(length, 0)[0] if cache is not None else length
-        )  # P + T, or a static cache's capacity
-        self_mask = build_attention_mask(
+        self_mask = create_causal_mask(  # §3.2.3: "masking out ... illegal connections", and padding
+            self.config,
+            hidden_states,
             attention_mask,
-            length,
-            key_length,
-            causal=True,
-            past_length=past_length,
-            materialize_causal=bool(kwargs["output_attentions"])
-            or self.config._attn_implementation != "sdpa",
-            device=hidden_states.device,
+            cache.self_attention_cache if cache is not None else None,
+            allow_is_causal_skip=not kwargs["output_attentions"],  # the eager kernel needs its mask
         )
         groups = hidden_states.shape[0] // encoder_hidden_states.shape[0]
         if hidden_states.shape[0] != groups * encoder_hidden_states.shape[0]:
@@ -726,8 +585,11 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
             and encoder_attention_mask.shape[0] != encoder_hidden_states.shape[0]
         ):
             encoder_attention_mask = encoder_attention_mask[::groups]  # one row per sentence
-        cross_mask = build_attention_mask(
-            encoder_attention_mask, length, encoder_hidden_states.shape[1], causal=False
+        cross_mask = create_bidirectional_mask(  # the k·T queries of a sentence share its mask row
+            self.config,
+            hidden_states.view(encoder_hidden_states.shape[0], groups * length, -1),
+            encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
         )
 
         for layer in self.layers:
@@ -872,8 +734,8 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         matrix, looked up in one call, so that in training the embeddings give the shared matrix one
         (V, D) gradient instead of two (then added). Same values and gradients as two lookups."""
         embed_tokens = self.encoder.embed_tokens  # the decoder's too
-        _check_token_ids(input_ids, embed_tokens.num_embeddings, "input_ids")
-        _check_token_ids(decoder_input_ids, embed_tokens.num_embeddings, "decoder_input_ids")
+        check_token_ids(input_ids, embed_tokens.num_embeddings, "input_ids")
+        check_token_ids(decoder_input_ids, embed_tokens.num_embeddings, "decoder_input_ids")
         both = embed_tokens(torch.cat([input_ids.reshape(-1), decoder_input_ids.reshape(-1)]))
         source, target = both.split([input_ids.numel(), decoder_input_ids.numel()])
         return source.view(*input_ids.shape, -1), target.view(*decoder_input_ids.shape, -1)
@@ -894,7 +756,10 @@ def smoothed_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, smoot
 
 
 class VanillaTransformerForConditionalGeneration(
-    VanillaTransformerPreTrainedModel, VanillaTransformerGenerationMixin, GenerationMixin
+    VanillaTransformerVocabularyMixin,
+    VanillaTransformerPreTrainedModel,
+    VanillaTransformerGenerationMixin,
+    GenerationMixin,
 ):
     """The full model of Figure 1: encoder-decoder plus the pre-softmax linear projection, which
     shares its weight with the embeddings (§3.4), and the training loss (§5.4 label smoothing)."""
@@ -930,70 +795,6 @@ class VanillaTransformerForConditionalGeneration(
     def get_decoder(self) -> VanillaTransformerDecoder:
         return self.model.decoder
 
-    def resize_token_embeddings(
-        self,
-        new_num_tokens: int | None = None,
-        pad_to_multiple_of: int | None = None,
-        mean_resizing: bool = True,
-    ) -> nn.Embedding:
-        """``PreTrainedModel.resize_token_embeddings``, as ``MarianMTModel`` does it: with one shared
-        vocabulary (§3.4) the embedding, the output projection and ``final_logits_bias`` (kept
-        entries, new ones 0); with separate vocabularies (``share_encoder_decoder_embeddings=False``,
-        deviation 6) the source embedding only, see :meth:`resize_decoder_token_embeddings`."""
-        if not self.config.share_encoder_decoder_embeddings and self.config.decoder_vocab_size is None:
-            self.config.decoder_vocab_size = self.config.vocab_size  # the target vocabulary keeps its size
-        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        if self.config.share_encoder_decoder_embeddings:
-            self._resize_final_logits_bias(embeddings.num_embeddings)
-        return embeddings
-
-    def _resize_token_embeddings(
-        self, new_num_tokens: int | None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
-    ) -> nn.Embedding:
-        """The source (or shared) embedding, resized in place, so a tied projection follows it; an
-        untied projection over the same, shared vocabulary is resized alongside."""
-        embeddings = self._get_resized_embeddings(
-            self.get_input_embeddings(), new_num_tokens, pad_to_multiple_of, mean_resizing
-        )
-        if self.config.share_encoder_decoder_embeddings and not self.config.tie_word_embeddings:
-            self.lm_head = self._get_resized_lm_head(
-                self.lm_head, embeddings.num_embeddings, mean_resizing=mean_resizing
-            )
-        return embeddings
-
-    def resize_decoder_token_embeddings(
-        self, new_num_tokens: int, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
-    ) -> nn.Embedding:
-        """Resize the target vocabulary of a model with separate vocabularies: the decoder embedding,
-        the output projection (tied to it, or resized alongside) and ``final_logits_bias``, and
-        ``config.decoder_vocab_size`` (``MarianMTModel.resize_decoder_token_embeddings``)."""
-        if self.config.share_encoder_decoder_embeddings:
-            raise ValueError(
-                "This model has one vocabulary shared by source and target "
-                "(`share_encoder_decoder_embeddings=True`): resize it with `resize_token_embeddings`."
-            )
-        embeddings = self._get_resized_embeddings(
-            self.model.decoder.embed_tokens, new_num_tokens, pad_to_multiple_of, mean_resizing
-        )
-        if not self.config.tie_word_embeddings:
-            self.lm_head = self._get_resized_lm_head(
-                self.lm_head, embeddings.num_embeddings, mean_resizing=mean_resizing
-            )
-        self.config.decoder_vocab_size = embeddings.num_embeddings
-        self.tie_weights()
-        self._resize_final_logits_bias(embeddings.num_embeddings)
-        return embeddings
-
-    def _resize_final_logits_bias(self, new_num_tokens: int) -> None:
-        """Deviation 6 (Marian's bias): follow a resized target vocabulary, new entries 0."""
-        if not self.config.final_logits_bias:
-            return
-        old = self.final_logits_bias  # (1, V)
-        if new_num_tokens <= old.shape[-1]:
-            self.final_logits_bias = old[:, :new_num_tokens].clone()
-        else:
-            self.final_logits_bias = torch.cat([old, old.new_zeros(1, new_num_tokens - old.shape[-1])], dim=1)
-
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Used by ``DataCollatorForSeq2Seq``: teacher-forcing inputs from padded labels."""
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -1027,8 +828,8 @@ class VanillaTransformerForConditionalGeneration(
         warning; the output carries the cache as ``cache`` (``past_key_values`` is its deprecated alias).
         """
         if labels is not None:
-            if _readable(labels):
-                _check_labels(labels, self.config.target_vocab_size)
+            if readable(labels):
+                check_labels(labels, self.config.target_vocab_size)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)

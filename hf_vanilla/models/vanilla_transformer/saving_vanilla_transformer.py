@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.dynamic_module_utils import custom_object_save
+from transformers.utils.loading_report import LoadStateDictInfo
 
 
 @contextlib.contextmanager
@@ -45,7 +46,8 @@ def restored_auto_class_registration(model: PreTrainedModel, *config_keys: str) 
 
 
 class VanillaTransformerSavingMixin:
-    """``save_pretrained`` for the model classes (a base of ``VanillaTransformerPreTrainedModel``)."""
+    """``save_pretrained`` for the model classes, and what loading reports missing (a base of
+    ``VanillaTransformerPreTrainedModel``, before ``PreTrainedModel``)."""
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: object, **kwargs: object) -> None:
         """``PreTrainedModel.save_pretrained``, writing a folder that loads where hf_vanilla is not installed
@@ -108,3 +110,21 @@ class VanillaTransformerSavingMixin:
             is_main_process = args[0] if args else kwargs.get("is_main_process", True)
             if self.should_save_on_this_rank(bool(is_main_process)):
                 custom_object_save(own, save_directory)
+
+    def mark_tied_weights_as_initialized(self, loading_info: LoadStateDictInfo) -> None:
+        """``PreTrainedModel.mark_tied_weights_as_initialized``, keeping a tie's missing source missing.
+
+        While loading, transformers flags every tied *target* (``encoder.embed_tokens.weight``, ...)
+        as initialised; here a target is the very Parameter of its source (``shared.weight``), so the
+        source is flagged too, and for a model outside transformers every flagged key is then dropped
+        from the missing keys. A checkpoint without the embedding would leave ``shared.weight``
+        unreported, never initialised and on the meta device. A source that no checkpoint key loaded
+        stays missing: it is reported as Marian reports it, moved off the meta device and initialised.
+        """
+        unloaded_sources = {
+            key
+            for key in set(self.all_tied_weights_keys.values()) & loading_info.missing_keys
+            if not getattr(self.get_parameter_or_buffer(key), "_is_hf_initialized", False)
+        }
+        super().mark_tied_weights_as_initialized(loading_info)
+        loading_info.missing_keys |= unloaded_sources
