@@ -4,6 +4,7 @@ token budgets, and a CTranslate2 backend that gives the transformers backend's o
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -222,3 +223,27 @@ def test_the_cli_applies_max_length_budgets_and_dtype(folder: Path, tmp_path: Pa
     for name in ("a.txt", "b.txt"):
         assert (tmp_path / name).read_text().splitlines() == expected
     assert max(len(line.split()) for line in expected) <= 3 and any(expected)
+
+
+def test_an_error_in_a_slow_stdin_stream_ends_in_one_line_and_status_1(folder: Path) -> None:
+    """A real process reads a pipe that stays open: after a line is translated, an over-long line ends it
+    with one ``error:`` line and status 1 while its stdin reader still waits for more."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    command = [sys.executable, "-m", "hf_vanilla.cli.translate", "--model_name_or_path", str(folder)]
+    command += ["--num_beams", "1", "--device", "cpu"]
+    with subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as process:
+        process.stdin.write("w1 w2\n")
+        process.stdin.flush()
+        assert _readline(process.stdout, timeout=300) != ""  # the first line is translated: the stream runs
+        process.stdin.write(
+            " ".join(["w5"] * 64) + "\n"
+        )  # 65 tokens with </s>: one more than the model takes
+        process.stdin.flush()
+        status = process.wait(timeout=120)  # stdin is still open
+        stderr = process.stderr.read()
+        process.stdin.close()
+    assert status == 1, stderr
+    assert "Fatal Python error" not in stderr
+    assert stderr.splitlines()[-1].startswith("error: <stdin>, line 2: 65 tokens")
