@@ -65,7 +65,10 @@ class DecodingOptions:
             raise ValueError("GNMT length-penalty rescoring needs an n-best list: use num_beams >= 2.")
 
     def describe(self) -> str:
-        """One line naming the decoding settings, for logs, result files and the model card."""
+        """One line naming the decoding settings, for logs, result files and the model card: greedy
+        decoding (``num_beams=1``) is named as such, without the beam-only length penalty and stopping rule."""
+        if self.num_beams == 1:
+            return "greedy (beam 1), max output length = input length + 50"
         if self.length_penalty_type == "gnmt":
             penalty = (
                 f"GNMT length penalty ((5+|Y|)/6)^{self.length_penalty} applied by rescoring the "
@@ -97,8 +100,11 @@ def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Ten
 
 def paper_generation_kwargs(options: DecodingOptions | None = None) -> dict[str, Any]:
     """``generate()`` keyword arguments for §6.1 decoding (beam size, α and the stopping rule; the
-    length bound is the model's own)."""
+    length bound is the model's own). Greedy decoding (``num_beams=1``) gets ``num_beams`` alone: the
+    length penalty and the stopping rule are beam search's, and ``generate()`` warns about them."""
     options = options or DecodingOptions()
+    if options.num_beams == 1:
+        return {"num_beams": 1}
     return {
         "num_beams": options.num_beams,
         "length_penalty": options.length_penalty,

@@ -164,6 +164,9 @@ def test_both_backends_give_the_same_greedy_output_and_format(
     for name, path in (("hf", folder), ("ct2", ct2_folder)):
         model, tokenizer = _load(path)  # --backend auto: a folder with model.bin is a CTranslate2 export
         assert isinstance(model, CTranslate2Model) == (name == "ct2")
+        if name == "ct2":  # the log names what CTranslate2 does, not transformers' beam search
+            assert model.describe(GREEDY).startswith("CTranslate2 greedy")
+            assert model.describe(DecodingOptions()).startswith("CTranslate2 beam 4, length penalty |Y|^0.6")
         translate_stream(
             model, tokenizer, tmp_path / "in.txt", tmp_path / f"{name}.txt", GREEDY, batch_size=3
         )
@@ -247,3 +250,21 @@ def test_an_error_in_a_slow_stdin_stream_ends_in_one_line_and_status_1(folder: P
     assert status == 1, stderr
     assert "Fatal Python error" not in stderr
     assert stderr.splitlines()[-1].startswith("error: <stdin>, line 2: 65 tokens")
+
+
+def test_greedy_decoding_passes_and_names_no_beam_options(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--num_beams 1`` is greedy search: generate() gets no length penalty or stopping rule (it warns
+    about them), and the log line says greedy rather than describing a beam search."""
+    model, tokenizer = _load(folder)
+    passed: list[dict] = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kwargs: passed.append(kwargs) or generate(**kwargs))
+    translate(model, tokenizer, ["w1 w2"], GREEDY)
+    assert passed and not {"length_penalty", "early_stopping"} & passed[0].keys()
+    assert passed[0]["num_beams"] == 1
+    assert "greedy" in GREEDY.describe()
+    assert "beam search" not in GREEDY.describe() and "early_stopping" not in GREEDY.describe()
+    translate(model, tokenizer, ["w1 w2"], DecodingOptions())
+    assert passed[-1]["length_penalty"] == 0.6 and passed[-1]["early_stopping"] == "never"
