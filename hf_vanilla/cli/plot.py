@@ -14,9 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hf_vanilla.analysis.plotting import plot_cross_attention, plot_positional_encoding, plot_training_curves
 from hf_vanilla.cli import parse_arguments, run_cli
-from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.inference.options import InferenceModelArguments
 from hf_vanilla.io.atomic import OVERWRITE_HELP, refuse_to_replace
 
 
@@ -62,6 +61,13 @@ def _run(argv: list[str]) -> None:
         )
     if args.sentence and not model_args.model_name_or_path:
         parser.error("--sentence needs --model_name_or_path.")
+    from hf_vanilla.analysis.plotting import (  # matplotlib and torch, after --help
+        plot_cross_attention,
+        plot_positional_encoding,
+        plot_training_curves,
+    )
+    from hf_vanilla.inference.loading import load_model_and_tokenizer
+
     out = Path(args.output_dir)
     names = (["training_curves.png"] if args.training_run else []) + (
         ["cross_attention_grid.png", "cross_attention_mean.png"] if args.sentence else []
