@@ -134,6 +134,10 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 return spec
         return None
 
+    @classmethod
+    def invalidate_caches(cls) -> None:
+        """Nothing is cached (``importlib.invalidate_caches()`` calls this on every finder in sys.meta_path)."""
+
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self.loader.create_module(spec)
 

@@ -62,3 +62,25 @@ def test_help_imports_no_torch_and_lists_debug(command: str) -> None:
     )
     assert "--debug" in result.stdout
     assert result.stdout.splitlines()[-1] == "IMPORTED []", result.stdout.splitlines()[-1]
+
+
+def test_import_is_light_and_still_registers_the_auto_classes() -> None:
+    """``import hf_vanilla`` loads no torch; importing transformers' Auto classes afterwards registers ours."""
+    code = """
+import importlib, sys
+import hf_vanilla
+assert "torch" not in sys.modules and "transformers" not in sys.modules, "heavy import"
+importlib.invalidate_caches()
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
+from transformers.pipelines import PIPELINE_REGISTRY
+config = AutoConfig.for_model("vanilla_transformer", d_model=16)
+model = AutoModelForSeq2SeqLM.from_config(config)
+assert type(model) is hf_vanilla.VanillaTransformerForConditionalGeneration
+assert hf_vanilla.PIPELINE_TASK in PIPELINE_REGISTRY.supported_tasks
+print("OK")
+"""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.stdout.strip() == "OK", result.stderr[-2000:]
