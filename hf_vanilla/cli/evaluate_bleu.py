@@ -28,6 +28,7 @@ from pathlib import Path
 from hf_vanilla.analysis.evaluation import (
     BLEU_TOKENIZERS,
     check_bleu_tokenize,
+    choose_bleu_tokenize,
     evaluate_split_into,
     load_sacrebleu_test_set,
     parallel_columns,
@@ -57,8 +58,11 @@ class EvalArguments:
         default=None, metadata={"help": "Name of the data on the model card, e.g. 'Multi30k (Task 1)'."}
     )
     bleu_tokenize: str = field(
-        default="13a",
-        metadata={"help": f"sacreBLEU's BLEU tokenizer: {', '.join(BLEU_TOKENIZERS)} (13a: WMT's)."},
+        default="auto",
+        metadata={
+            "help": f"sacreBLEU's BLEU tokenizer: {', '.join(BLEU_TOKENIZERS)} (13a: WMT's), or 'auto': char "
+            "where every reference is one word (the numbers task), else 13a; the output names the one used."
+        },
     )
     sacrebleu_test_set: str | None = field(
         default=None,
@@ -89,7 +93,8 @@ def _run(argv: list[str]) -> None:
     _, (model_args, data_args, decoding, eval_args) = parse_arguments(
         argv, (InferenceModelArguments, DataArguments, DecodingOptions, EvalArguments), __doc__
     )
-    check_bleu_tokenize(eval_args.bleu_tokenize)
+    if eval_args.bleu_tokenize != "auto":
+        check_bleu_tokenize(eval_args.bleu_tokenize)
     test_set = eval_args.sacrebleu_test_set
     if test_set and eval_args.language_pair:
         if eval_args.language_pair.count("-") != 1:
@@ -111,6 +116,7 @@ def _run(argv: list[str]) -> None:
             raise ValueError(f"Split {split!r} not loaded; available: {sorted(data)}. Pass it with --split.")
         sources, references = parallel_columns(data[split], src, tgt)
         dataset_name = data_args.dataset_name or "local files"
+    bleu_tokenize, bleu_note = choose_bleu_tokenize(eval_args.bleu_tokenize, references)
     model, tokenizer = load_model_and_tokenizer(model_args)
     try:
         results, path = evaluate_split_into(
@@ -127,7 +133,7 @@ def _run(argv: list[str]) -> None:
             options=decoding,
             batch_size=model_args.batch_size,
             device=model_args.device,
-            bleu_tokenize=eval_args.bleu_tokenize,
+            bleu_tokenize=bleu_tokenize,
         )
     except InputTooLongError as err:  # name the file and line, not "sentence N"
         files = data_args.local_files().get(split)
@@ -142,6 +148,7 @@ def _run(argv: list[str]) -> None:
         key: results[key]
         for key in ("bleu", "chrf", "decoding_seconds", "bleu_signature", "chrf_signature", "num_segments")
     }
+    summary["bleu_tokenize"] = bleu_note
     print(json.dumps({**summary, "decoding": decoding.describe(), "results_file": str(path)}, indent=2))
 
 
