@@ -47,14 +47,26 @@ class PlotArguments:
 
 
 @dataclass
-class OptionalModelArguments(InferenceModelArguments):
+class PlotModelArguments:
+    """The model options a picture uses (not the batching, backend or quantization of translation)."""
+
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "Model folder or Hub id (needed for --sentence)."}
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder or Hub id; default: the model folder."}
+    )
+    device: str = field(
+        default="auto", metadata={"help": "'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ..."}
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow code shipped with a Hub model (not needed with hf_vanilla installed)."},
     )
 
 
 def _run(argv: list[str]) -> None:
-    parser, (args, model_args) = parse_arguments(argv, (PlotArguments, OptionalModelArguments), __doc__)
+    parser, (args, model_args) = parse_arguments(argv, (PlotArguments, PlotModelArguments), __doc__)
     if not (args.training_run or args.sentence or args.positional_encoding):
         parser.error(
             "Nothing to draw: pass --training_run, --sentence (with --model_name_or_path) or --positional_encoding."
@@ -83,7 +95,7 @@ def _run(argv: list[str]) -> None:
         )
     model = None
     if model_args.model_name_or_path:
-        model, tokenizer = load_model_and_tokenizer(model_args)
+        model, tokenizer = load_model_and_tokenizer(InferenceModelArguments(**vars(model_args)))
     if args.sentence:
         written += plot_cross_attention(
             model, tokenizer, args.sentence, out, target=args.target, dpi=args.dpi
