@@ -42,6 +42,7 @@ __all__ = [
     "METRIC_PATH",
     "check_bleu_tokenize",
     "check_tokenized_bleu",
+    "choose_bleu_tokenize",
     "compute_bleu_chrf",
     "evaluate_dataset",
     "evaluate_split_into",
@@ -58,6 +59,20 @@ __all__ = [
 def load_metric() -> evaluate.EvaluationModule:
     """Load the packaged metric module by path (works with ``HF_HUB_OFFLINE=1``)."""
     return evaluate.load(METRIC_PATH)
+
+
+def choose_bleu_tokenize(name: str, references: Sequence[str]) -> tuple[str, str]:
+    """Resolve ``--bleu_tokenize auto``: ``"char"`` when every reference is one word (the numbers task:
+    word BLEU would count one 4-gram per sentence and score 0 beside a high chrF), else ``"13a"``.
+    Returns the tokenizer and a sentence saying why, for the command's output; a named one is kept."""
+    if name != "auto":
+        return name, f"BLEU tokenizer {name!r}, as asked (--bleu_tokenize)."
+    if references and all(len(reference.split()) <= 1 for reference in references):
+        return "char", (
+            "BLEU tokenizer 'char' (--bleu_tokenize auto): every reference is one word, so word-level BLEU "
+            "(13a) has no 4-grams to match; give --bleu_tokenize 13a for word BLEU."
+        )
+    return "13a", "BLEU tokenizer '13a', WMT's (--bleu_tokenize auto: the references are sentences)."
 
 
 def check_bleu_tokenize(name: str) -> None:

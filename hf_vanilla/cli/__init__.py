@@ -55,7 +55,16 @@ from transformers import HfArgumentParser
 logger = logging.getLogger(__name__)
 
 
-__all__ = ["DEBUG_EPILOG", "USER_ERRORS", "Terminated", "parse_arguments", "refuse_non_finite", "run_cli"]
+__all__ = [
+    "DEBUG_EPILOG",
+    "USER_ERRORS",
+    "Terminated",
+    "add_debug_flag",
+    "configure_logging",
+    "parse_arguments",
+    "refuse_non_finite",
+    "run_cli",
+]
 
 #: Epilog of every command's ``--help`` (``--debug`` is taken out of the arguments by :func:`run_cli`).
 DEBUG_EPILOG = "An error ends in one line; --debug shows its traceback."
@@ -112,10 +121,35 @@ def parse_arguments(
     parser = HfArgumentParser(
         types, description=description, epilog=DEBUG_EPILOG, formatter_class=HelpFormatter
     )
+    add_debug_flag(parser)
     refuse_non_finite(parser, argv)
     parsed = parser.parse_args_into_dataclasses(args=list(argv))
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    configure_logging()
     return parser, tuple(parsed)
+
+
+def add_debug_flag(parser: argparse.ArgumentParser) -> None:
+    """List ``--debug`` in ``parser``'s ``--help``; :func:`run_cli` takes it out of the arguments before
+    the parser sees them, so it never reaches the parsed options."""
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="On an error, show its traceback rather than one line; also log other libraries' INFO messages.",
+    )
+
+
+def configure_logging() -> None:
+    """Log hf_vanilla's INFO and everyone's warnings to stderr; other libraries' INFO (the ONNX
+    exporter's hundreds of lines, for one) only with ``--debug``."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("hf_vanilla").setLevel(logging.INFO)
+    if _debugging:
+        logging.getLogger().setLevel(logging.INFO)
+
+
+#: Whether the running command was given ``--debug`` (set by :func:`run_cli`).
+_debugging = False
 
 
 def _wants_traceback(argv: Sequence[str]) -> bool:
@@ -142,8 +176,9 @@ def run_cli(
     :class:`~hf_vanilla.training.resilience.SaveOnSignalCallback` handles its signals, and a second SIGTERM
     kills it at once.
     """
+    global _debugging
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = _wants_traceback(args)
+    debug = _debugging = _wants_traceback(args)
     if debug_flag:
         args = [a for a in args if a != "--debug"]
     catching = catch_sigterm and threading.current_thread() is threading.main_thread()

@@ -1,4 +1,7 @@
-"""``hf-vanilla-app`` / ``python -m hf_vanilla.cli.app``: serve the web demo (:mod:`hf_vanilla.demo.app`)."""
+"""Serve the web demo (hf_vanilla.demo.app): a page that translates with a model folder.
+
+hf-vanilla-app --model demo_output            # then open http://127.0.0.1:7860
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,7 @@ import argparse
 import logging
 import sys
 
-from hf_vanilla.cli import DEBUG_EPILOG, run_cli
-from hf_vanilla.demo.app import build_demo
+from hf_vanilla.cli import DEBUG_EPILOG, HelpFormatter, add_debug_flag, run_cli
 
 __all__ = ["main"]
 
@@ -17,15 +19,18 @@ def _main(argv: list[str]) -> None:
         prog="hf-vanilla-app",
         description=__doc__,
         epilog=DEBUG_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--model", required=True, help="Model folder (e.g. demo_output) or Hub id.")
-    parser.add_argument("--device", default="cpu", help="'cpu', 'cuda', 'auto', ... (default: cpu).")
+    parser.add_argument("--device", default="cpu", help="'cpu', 'cuda', 'auto', ...")
     parser.add_argument("--host", default="127.0.0.1", help="Address to serve on (0.0.0.0: all interfaces).")
     parser.add_argument("--port", type=int, default=7860, help="Port to serve on.")
     parser.add_argument("--share", action="store_true", help="Ask Gradio for a public link (needs internet).")
     parser.add_argument("--title", default=None, help="Page title.")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
+    from hf_vanilla.demo.app import build_demo  # gradio and torch, after --help
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     demo = build_demo(args.model, device=args.device, title=args.title)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share)

@@ -17,7 +17,7 @@ import sys
 from hf_vanilla.cli import parse_arguments, run_cli
 from hf_vanilla.interop.convert import ConversionArguments, convert_from_args
 
-logger = logging.getLogger("convert")
+logger = logging.getLogger(__name__)
 
 
 def _run(argv: list[str]) -> None:

@@ -7,7 +7,7 @@ import sys
 
 from transformers import HfArgumentParser
 
-from hf_vanilla.cli import DEBUG_EPILOG, refuse_non_finite, run_cli
+from hf_vanilla.cli import DEBUG_EPILOG, add_debug_flag, refuse_non_finite, run_cli
 from hf_vanilla.demo.run import DemoArguments, report, run_demo
 
 logger = logging.getLogger(__name__)
@@ -15,6 +15,7 @@ logger = logging.getLogger(__name__)
 
 def _main(argv: list[str]) -> None:
     parser = HfArgumentParser(DemoArguments, epilog=DEBUG_EPILOG)
+    add_debug_flag(parser)
     refuse_non_finite(parser, argv)
     (args,) = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(

@@ -30,6 +30,7 @@ from hf_vanilla.analysis.evaluation import (
     BLEU_TOKENIZERS,
     check_bleu_tokenize,
     check_tokenized_bleu,
+    choose_bleu_tokenize,
     evaluate_split_into,
     load_sacrebleu_test_set,
     parallel_columns,
@@ -59,8 +60,11 @@ class EvalArguments:
         default=None, metadata={"help": "Name of the data on the model card, e.g. 'Multi30k (Task 1)'."}
     )
     bleu_tokenize: str = field(
-        default="13a",
-        metadata={"help": f"sacreBLEU's BLEU tokenizer: {', '.join(BLEU_TOKENIZERS)} (13a: WMT's)."},
+        default="auto",
+        metadata={
+            "help": f"sacreBLEU's BLEU tokenizer: {', '.join(BLEU_TOKENIZERS)} (13a: WMT's), or 'auto': char "
+            "where every reference is one word (the numbers task), else 13a; the output names the one used."
+        },
     )
     sacrebleu_test_set: str | None = field(
         default=None,
@@ -98,7 +102,8 @@ def _run(argv: list[str]) -> None:
     _, (model_args, data_args, decoding, eval_args) = parse_arguments(
         argv, (InferenceModelArguments, DataArguments, DecodingOptions, EvalArguments), __doc__
     )
-    check_bleu_tokenize(eval_args.bleu_tokenize)
+    if eval_args.bleu_tokenize != "auto":
+        check_bleu_tokenize(eval_args.bleu_tokenize)
     check_tokenized_bleu(eval_args.tokenized_bleu)
     test_set = eval_args.sacrebleu_test_set
     if test_set and eval_args.language_pair:
@@ -121,6 +126,7 @@ def _run(argv: list[str]) -> None:
             raise ValueError(f"Split {split!r} not loaded; available: {sorted(data)}. Pass it with --split.")
         sources, references = parallel_columns(data[split], src, tgt)
         dataset_name = data_args.dataset_name or "local files"
+    bleu_tokenize, bleu_note = choose_bleu_tokenize(eval_args.bleu_tokenize, references)
     model, tokenizer = load_model_and_tokenizer(model_args)
     try:
         results, path = evaluate_split_into(
@@ -137,7 +143,7 @@ def _run(argv: list[str]) -> None:
             options=decoding,
             batch_size=model_args.batch_size,
             device=model_args.device,
-            bleu_tokenize=eval_args.bleu_tokenize,
+            bleu_tokenize=bleu_tokenize,
             tokenized_bleu_tokenizer=eval_args.tokenized_bleu,
         )
     except InputTooLongError as err:  # name the file and line, not "sentence N"
@@ -152,6 +158,7 @@ def _run(argv: list[str]) -> None:
     keys = ("bleu", "chrf", "decoding_seconds", "bleu_signature", "chrf_signature", "num_segments")
     keys += ("tokenized_bleu", "tokenized_bleu_method") if eval_args.tokenized_bleu else ()
     summary = {key: results[key] for key in keys}
+    summary["bleu_tokenize"] = bleu_note
     print(json.dumps({**summary, "decoding": decoding.describe(), "results_file": str(path)}, indent=2))
 
 

@@ -15,7 +15,7 @@ import sys
 from hf_vanilla.cli import parse_arguments, run_cli
 from hf_vanilla.interop.export_ctranslate2 import ExportArguments, export_from_args
 
-logger = logging.getLogger("export_ctranslate2")
+logger = logging.getLogger(__name__)
 
 
 def _run(argv: list[str]) -> None:

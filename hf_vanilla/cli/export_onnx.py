@@ -16,11 +16,9 @@ import sys
 from dataclasses import dataclass, field
 
 from hf_vanilla.cli import parse_arguments, run_cli
-from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
-from hf_vanilla.interop.export_onnx import export_onnx
 from hf_vanilla.io.atomic import OVERWRITE_HELP, refuse_to_replace
 
-logger = logging.getLogger("export_onnx")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -32,6 +30,9 @@ class OnnxExportArguments:
 
 def _run(argv: list[str]) -> None:
     _, (args,) = parse_arguments(argv, OnnxExportArguments, __doc__)
+    from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer  # torch
+    from hf_vanilla.interop.export_onnx import export_onnx
+
     refuse_to_replace(args.output_dir, args.overwrite, "--output_dir", inputs=[args.model_dir])
     model, tokenizer = load_model_and_tokenizer(
         InferenceModelArguments(model_name_or_path=args.model_dir, device="cpu")

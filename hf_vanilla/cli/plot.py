@@ -14,9 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hf_vanilla.analysis.plotting import plot_cross_attention, plot_positional_encoding, plot_training_curves
 from hf_vanilla.cli import parse_arguments, run_cli
-from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.inference.options import InferenceModelArguments
 from hf_vanilla.io.atomic import OVERWRITE_HELP, refuse_to_replace
 
 
@@ -48,20 +47,39 @@ class PlotArguments:
 
 
 @dataclass
-class OptionalModelArguments(InferenceModelArguments):
+class PlotModelArguments:
+    """The model options a picture uses (not the batching, backend or quantization of translation)."""
+
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "Model folder or Hub id (needed for --sentence)."}
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder or Hub id; default: the model folder."}
+    )
+    device: str = field(
+        default="auto", metadata={"help": "'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ..."}
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow code shipped with a Hub model (not needed with hf_vanilla installed)."},
     )
 
 
 def _run(argv: list[str]) -> None:
-    parser, (args, model_args) = parse_arguments(argv, (PlotArguments, OptionalModelArguments), __doc__)
+    parser, (args, model_args) = parse_arguments(argv, (PlotArguments, PlotModelArguments), __doc__)
     if not (args.training_run or args.sentence or args.positional_encoding):
         parser.error(
             "Nothing to draw: pass --training_run, --sentence (with --model_name_or_path) or --positional_encoding."
         )
     if args.sentence and not model_args.model_name_or_path:
         parser.error("--sentence needs --model_name_or_path.")
+    from hf_vanilla.analysis.plotting import (  # matplotlib and torch, after --help
+        plot_cross_attention,
+        plot_positional_encoding,
+        plot_training_curves,
+    )
+    from hf_vanilla.inference.loading import load_model_and_tokenizer
+
     out = Path(args.output_dir)
     names = (["training_curves.png"] if args.training_run else []) + (
         ["cross_attention_grid.png", "cross_attention_mean.png"] if args.sentence else []
@@ -77,7 +95,7 @@ def _run(argv: list[str]) -> None:
         )
     model = None
     if model_args.model_name_or_path:
-        model, tokenizer = load_model_and_tokenizer(model_args)
+        model, tokenizer = load_model_and_tokenizer(InferenceModelArguments(**vars(model_args)))
     if args.sentence:
         written += plot_cross_attention(
             model, tokenizer, args.sentence, out, target=args.target, dpi=args.dpi

@@ -18,7 +18,7 @@ from hf_vanilla.data.loading import DataArguments, load_from_args
 from hf_vanilla.data.tokenization import TokenizerArguments, train_tokenizer_from_dataset
 from hf_vanilla.io.atomic import refuse_to_replace, save_pretrained_atomic
 
-logger = logging.getLogger("train_tokenizer")
+logger = logging.getLogger(__name__)
 
 
 def _run(argv: list[str]) -> None:

@@ -18,9 +18,7 @@ import sys
 from dataclasses import dataclass, field
 
 from hf_vanilla.cli import parse_arguments, run_cli
-from hf_vanilla.inference.decoding import DecodingOptions, check_nbest
-from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
-from hf_vanilla.inference.streaming import check_input_file, translate_stream
+from hf_vanilla.inference.options import DecodingOptions, InferenceModelArguments, check_nbest
 from hf_vanilla.io.atomic import OVERWRITE_HELP, refuse_to_replace
 
 
@@ -58,6 +56,10 @@ def _run(argv: list[str]) -> None:
     _, (model_args, decoding, io) = parse_arguments(
         argv, (InferenceModelArguments, DecodingOptions, IOArguments), __doc__
     )
+    from hf_vanilla.inference.ctranslate2 import CTranslate2Model  # torch, after --help
+    from hf_vanilla.inference.loading import load_model_and_tokenizer
+    from hf_vanilla.inference.streaming import check_input_file, translate_stream
+
     if io.output_file != "-":
         refuse_to_replace(  # before loading anything
             io.output_file, io.overwrite, "--output_file", kind="file", inputs=[io.input_file]
@@ -68,7 +70,8 @@ def _run(argv: list[str]) -> None:
     if io.max_length is not None and io.max_length < 1:
         raise ValueError(f"--max_length must be a positive number of tokens, got {io.max_length}.")
     model, tokenizer = load_model_and_tokenizer(model_args, allow_ctranslate2=True)
-    logging.getLogger("translate").info("Decoding: %s", decoding.describe())
+    described = model.describe(decoding) if isinstance(model, CTranslate2Model) else decoding.describe()
+    logging.getLogger(__name__).info("Decoding: %s", described)
     translate_stream(
         model,
         tokenizer,

@@ -88,6 +88,18 @@ class CTranslate2Model:
         sizes = {"vocab_size": len(source), "decoder_vocab_size": None if shared.is_file() else len(target)}
         return SimpleNamespace(**sizes, **ids)
 
+    def describe(self, options: DecodingOptions) -> str:
+        """What CTranslate2 does with ``options``, for the log (:meth:`DecodingOptions.describe` names
+        transformers' beam search)."""
+        if options.num_beams == 1:
+            search = "greedy (beam 1)"
+        else:
+            search = (
+                f"beam {options.num_beams}, length penalty |Y|^{options.length_penalty}, stopping when "
+                f"{options.num_beams} hypotheses have finished (patience 1; --early_stopping is not used)"
+            )
+        return f"CTranslate2 {search}, max output length = input length + {self.max_length_offset}"
+
     def generate_hypotheses(
         self,
         tokenizer: Any,

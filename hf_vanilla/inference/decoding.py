@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
+
+from hf_vanilla.inference.options import (
+    EARLY_STOPPING,
+    LENGTH_PENALTY_TYPES,
+    DecodingOptions,
+    _refuse_non_finite,
+    check_nbest,
+)
 
 __all__ = [
     "EARLY_STOPPING",
@@ -21,74 +28,6 @@ __all__ = [
     "paper_generation_kwargs",
 ]
 
-LENGTH_PENALTY_TYPES = ("hf", "gnmt")
-
-#: ``--early_stopping`` values and what ``generate()`` receives for each.
-EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
-
-
-@dataclass
-class DecodingOptions:
-    """Decoding settings; the defaults are the paper's (§6.1)."""
-
-    num_beams: int = field(default=4, metadata={"help": "Beam size (§6.1: 4)."})
-    length_penalty: float = field(default=0.6, metadata={"help": "Length penalty α (§6.1: 0.6)."})
-    length_penalty_type: Literal["hf", "gnmt"] = field(
-        default="hf",
-        metadata={
-            "help": "'hf': log P / |Y|^α inside HF beam search. 'gnmt': the paper's log P / ((5+|Y|)/6)^α "
-            "(Wu et al., 2016), applied by rescoring the final num_beams-best list."
-        },
-    )
-    early_stopping: Literal["never", "true", "false"] = field(
-        default="never",
-        metadata={
-            "help": "When beam search stops. 'never': when no running hypothesis can beat the finished ones "
-            "(§6.1's rule); 'true': as soon as num_beams hypotheses have finished; 'false': HF's heuristic."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.early_stopping not in EARLY_STOPPING:
-            raise ValueError(
-                f"`early_stopping` must be one of {sorted(EARLY_STOPPING)}, got {self.early_stopping!r}."
-            )
-        if self.length_penalty_type not in LENGTH_PENALTY_TYPES:
-            raise ValueError(
-                f"`length_penalty_type` must be one of {LENGTH_PENALTY_TYPES}, got {self.length_penalty_type!r}: "
-                "'hf' = log P / |Y|^α inside beam search, 'gnmt' = log P / ((5 + |Y|) / 6)^α as n-best rescoring."
-            )
-        _refuse_non_finite({"length_penalty": self.length_penalty})
-        if not isinstance(self.num_beams, int) or self.num_beams < 1:
-            raise ValueError(f"`num_beams` must be a positive integer, got {self.num_beams!r}.")
-        if self.length_penalty_type == "gnmt" and self.num_beams < 2:
-            raise ValueError("GNMT length-penalty rescoring needs an n-best list: use num_beams >= 2.")
-
-    def describe(self) -> str:
-        """One line naming the decoding settings, for logs, result files and the model card."""
-        if self.length_penalty_type == "gnmt":
-            penalty = (
-                f"GNMT length penalty ((5+|Y|)/6)^{self.length_penalty} applied by rescoring the "
-                f"{self.num_beams}-best list of a search run with HF's |Y|^{self.length_penalty}"
-            )
-        else:
-            penalty = f"HF length penalty |Y|^{self.length_penalty} inside beam search"
-        return (
-            f"beam {self.num_beams}, {penalty}, max output length = input length + 50, "
-            f"early_stopping={self.early_stopping}"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "description": self.describe()}
-
-
-def _refuse_non_finite(options: dict[str, Any]) -> None:
-    """Raise ``ValueError`` naming the first decoding option that is a non-finite number (NaN or
-    infinity decode into garbage without an error)."""
-    for name, value in options.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"`{name}` is {value}, not a finite number: give an ordinary number.")
-
 
 def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor | float:
     """lp(Y) = ((5 + |Y|) / 6)^α (Wu et al., 2016, Eq. 14), the penalty the paper's α = 0.6 refers to."""
@@ -97,8 +36,11 @@ def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Ten
 
 def paper_generation_kwargs(options: DecodingOptions | None = None) -> dict[str, Any]:
     """``generate()`` keyword arguments for §6.1 decoding (beam size, α and the stopping rule; the
-    length bound is the model's own)."""
+    length bound is the model's own). Greedy decoding (``num_beams=1``) gets ``num_beams`` alone: the
+    length penalty and the stopping rule are beam search's, and ``generate()`` warns about them."""
     options = options or DecodingOptions()
+    if options.num_beams == 1:
+        return {"num_beams": 1}
     return {
         "num_beams": options.num_beams,
         "length_penalty": options.length_penalty,
@@ -154,18 +96,6 @@ def _greedy_scores(outputs: Any, eos_id: int, length_penalty: float) -> torch.Te
     counted = ended_before == 0  # tokens up to the first </s>, that one included
     lengths = counted.sum(dim=1).clamp(min=1).float()
     return log_probs.masked_fill(~counted, 0.0).sum(dim=1) / lengths**length_penalty
-
-
-def check_nbest(nbest: int | None, num_beams: int) -> None:
-    """Refuse an n-best list size below 1 or wider than the beam, naming the flag to change."""
-    if nbest is None:
-        return
-    if nbest < 1:
-        raise ValueError(
-            f"--nbest {nbest}: give at least 1 (the number of translations per line), or leave it out."
-        )
-    if nbest > num_beams:
-        raise ValueError(f"--nbest {nbest} needs --num_beams >= {nbest} (now {num_beams}).")
 
 
 @torch.inference_mode()

@@ -3,7 +3,6 @@ quantization."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import torch
 
 from hf_vanilla.data.tokenization import check_tokenizer_matches_config, load_tokenizer
 from hf_vanilla.inference.ctranslate2 import CTranslate2Model
+from hf_vanilla.inference.options import BACKENDS, InferenceModelArguments
 from hf_vanilla.inference.quantization import check_route, from_pretrained_kwargs, quantize_loaded
 from hf_vanilla.io.errors import CheckpointError
 from hf_vanilla.io.safe_loading import load_pretrained_checked
@@ -27,58 +27,6 @@ __all__ = [
 
 #: ``--dtype`` values and the torch dtype of each (``auto``: as saved / as exported).
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-BACKENDS = ("auto", "transformers", "ctranslate2")
-
-
-@dataclass
-class InferenceModelArguments:
-    """Which model to run and where."""
-
-    model_name_or_path: str = field(
-        metadata={"help": "A saved model folder (e.g. a Trainer output_dir or checkpoint) or a Hub id."}
-    )
-    tokenizer_name_or_path: str | None = field(
-        default=None, metadata={"help": "Tokenizer folder or Hub id; default: the model folder."}
-    )
-    device: str = field(
-        default="auto", metadata={"help": "'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ..."}
-    )
-    backend: str = field(
-        default="auto",
-        metadata={
-            "help": "'transformers' (generate()), 'ctranslate2' (a folder written by hf-vanilla-export-ct2), or "
-            "'auto': ctranslate2 for a folder with a model.bin, else transformers."
-        },
-    )
-    dtype: str = field(
-        default="auto",
-        metadata={
-            "help": "Weights and computation: 'auto' (as saved or exported), 'float32', 'bfloat16', 'float16'; "
-            "refused where the device cannot run it."
-        },
-    )
-    batch_size: int = field(
-        default=64, metadata={"help": "At most this many sentences per batch (sorted by length)."}
-    )
-    max_tokens: int = field(
-        default=0,
-        metadata={
-            "help": "Also at most this many padded source tokens per batch (sentences × longest); 0 = no token "
-            "budget. A longer sentence goes alone."
-        },
-    )
-    quantization: str = field(
-        default="none",
-        metadata={
-            "help": "Run the model reduced: 'dynamic-int8' (torch quantize_dynamic, CPU), 'torchao-int8-weight', "
-            "'torchao-int8-dynamic' (transformers' TorchAoConfig), 'bf16'; see hf_vanilla.inference.quantization."
-        },
-    )
-    trust_remote_code: bool = field(
-        default=False,
-        metadata={"help": "Allow code shipped with a Hub model (not needed with hf_vanilla installed)."},
-    )
 
 
 def load_model(name: str | Path, **kwargs: Any) -> Any:

@@ -8,7 +8,7 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -81,9 +81,7 @@ def translate_stream(
                 pass
     count = 0
     with contextlib.ExitStack() as stack:
-        in_stream = (
-            getattr(sys.stdin, "buffer", sys.stdin) if from_stdin else stack.enter_context(open(source, "rb"))
-        )
+        in_stream = _stdin_reader() if from_stdin else stack.enter_context(open(source, "rb"))
         out_stream = sys.stdout if to_stdout else stack.enter_context(atomic_file(output))
         lines = text_lines(in_stream, name)
         buffers = _buffers(lines, chunk_lines, pause) if streamed else _chunks(lines, chunk_lines)
@@ -104,6 +102,22 @@ def translate_stream(
             out_stream.flush()
             count += len(chunk)
     return count
+
+
+def _stdin_reader() -> BinaryIO:
+    """stdin as a binary stream of its own, for the reader thread of :func:`_buffers`.
+
+    That daemon thread may still wait in a read when the command ends (an error, Ctrl-C): on
+    ``sys.stdin.buffer`` it would hold the lock that the interpreter takes to close stdin at exit, which
+    aborts it ("Fatal Python error: _enter_buffered_busy"). A reader of its own over the same descriptor
+    (not closing it) is never closed at exit. A replaced ``sys.stdin`` without a descriptor is read as it is.
+    """
+    stdin = getattr(sys.stdin, "buffer", sys.stdin)
+    try:
+        descriptor = stdin.fileno()
+    except (AttributeError, OSError, ValueError):
+        return stdin
+    return open(descriptor, "rb", closefd=False)  # left open: the reader thread may still use it
 
 
 def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -403,3 +403,18 @@ def test_a_cached_sacrebleu_test_set_loads_offline(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(type(dataset), "get_reference_files", lambda self, pair: [str(tmp_path / "ref.txt")])
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert load_sacrebleu_test_set("wmt14", "de-en") == (["Ein Hund.", "Zwei."], [["A dog."], ["Two."]])
+
+
+def test_auto_bleu_tokenize_suits_one_word_references_and_says_so() -> None:
+    """The numbers task's references are one word each: word BLEU (13a) is 0 there whatever the
+    output, so ``--bleu_tokenize auto`` (the evaluate command's default) takes char BLEU and says why."""
+    from hf_vanilla.analysis.evaluation import choose_bleu_tokenize, compute_bleu_chrf
+    from hf_vanilla.cli.evaluate_bleu import EvalArguments
+
+    assert EvalArguments.__dataclass_fields__["bleu_tokenize"].default == "auto"
+    numbers = ["vierhundertzwölf", "dreiundzwanzig"]
+    name, note = choose_bleu_tokenize("auto", numbers)
+    assert name == "char" and "'char'" in note and "one word" in note
+    assert compute_bleu_chrf(numbers, numbers, bleu_tokenize=name)["bleu"] == pytest.approx(100)
+    assert choose_bleu_tokenize("auto", ["Der Hund rennt.", "Ja"])[0] == "13a"
+    assert choose_bleu_tokenize("intl", numbers)[0] == "intl"

@@ -4,6 +4,7 @@ token budgets, and a CTranslate2 backend that gives the transformers backend's o
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -163,6 +164,9 @@ def test_both_backends_give_the_same_greedy_output_and_format(
     for name, path in (("hf", folder), ("ct2", ct2_folder)):
         model, tokenizer = _load(path)  # --backend auto: a folder with model.bin is a CTranslate2 export
         assert isinstance(model, CTranslate2Model) == (name == "ct2")
+        if name == "ct2":  # the log names what CTranslate2 does, not transformers' beam search
+            assert model.describe(GREEDY).startswith("CTranslate2 greedy")
+            assert model.describe(DecodingOptions()).startswith("CTranslate2 beam 4, length penalty |Y|^0.6")
         translate_stream(
             model, tokenizer, tmp_path / "in.txt", tmp_path / f"{name}.txt", GREEDY, batch_size=3
         )
@@ -222,3 +226,45 @@ def test_the_cli_applies_max_length_budgets_and_dtype(folder: Path, tmp_path: Pa
     for name in ("a.txt", "b.txt"):
         assert (tmp_path / name).read_text().splitlines() == expected
     assert max(len(line.split()) for line in expected) <= 3 and any(expected)
+
+
+def test_an_error_in_a_slow_stdin_stream_ends_in_one_line_and_status_1(folder: Path) -> None:
+    """A real process reads a pipe that stays open: after a line is translated, an over-long line ends it
+    with one ``error:`` line and status 1 while its stdin reader still waits for more."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    command = [sys.executable, "-m", "hf_vanilla.cli.translate", "--model_name_or_path", str(folder)]
+    command += ["--num_beams", "1", "--device", "cpu"]
+    with subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as process:
+        process.stdin.write("w1 w2\n")
+        process.stdin.flush()
+        assert _readline(process.stdout, timeout=300) != ""  # the first line is translated: the stream runs
+        process.stdin.write(
+            " ".join(["w5"] * 64) + "\n"
+        )  # 65 tokens with </s>: one more than the model takes
+        process.stdin.flush()
+        status = process.wait(timeout=120)  # stdin is still open
+        stderr = process.stderr.read()
+        process.stdin.close()
+    assert status == 1, stderr
+    assert "Fatal Python error" not in stderr
+    assert stderr.splitlines()[-1].startswith("error: <stdin>, line 2: 65 tokens")
+
+
+def test_greedy_decoding_passes_and_names_no_beam_options(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--num_beams 1`` is greedy search: generate() gets no length penalty or stopping rule (it warns
+    about them), and the log line says greedy rather than describing a beam search."""
+    model, tokenizer = _load(folder)
+    passed: list[dict] = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kwargs: passed.append(kwargs) or generate(**kwargs))
+    translate(model, tokenizer, ["w1 w2"], GREEDY)
+    assert passed and not {"length_penalty", "early_stopping"} & passed[0].keys()
+    assert passed[0]["num_beams"] == 1
+    assert "greedy" in GREEDY.describe()
+    assert "beam search" not in GREEDY.describe() and "early_stopping" not in GREEDY.describe()
+    translate(model, tokenizer, ["w1 w2"], DecodingOptions())
+    assert passed[-1]["length_penalty"] == 0.6 and passed[-1]["early_stopping"] == "never"

@@ -1,0 +1,154 @@
+"""The inference commands' options (which model, where, how to decode), importable without torch so
+that a command's ``--help`` answers at once; :mod:`hf_vanilla.inference.decoding` and
+:mod:`hf_vanilla.inference.loading` use them (and export them under their old names)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "BACKENDS",
+    "EARLY_STOPPING",
+    "LENGTH_PENALTY_TYPES",
+    "DecodingOptions",
+    "InferenceModelArguments",
+    "check_nbest",
+]
+
+LENGTH_PENALTY_TYPES = ("hf", "gnmt")
+
+#: ``--early_stopping`` values and what ``generate()`` receives for each.
+EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
+
+
+@dataclass
+class DecodingOptions:
+    """Decoding settings; the defaults are the paper's (§6.1)."""
+
+    num_beams: int = field(default=4, metadata={"help": "Beam size (§6.1: 4)."})
+    length_penalty: float = field(default=0.6, metadata={"help": "Length penalty α (§6.1: 0.6)."})
+    length_penalty_type: Literal["hf", "gnmt"] = field(
+        default="hf",
+        metadata={
+            "help": "'hf': log P / |Y|^α inside HF beam search. 'gnmt': the paper's log P / ((5+|Y|)/6)^α "
+            "(Wu et al., 2016), applied by rescoring the final num_beams-best list."
+        },
+    )
+    early_stopping: Literal["never", "true", "false"] = field(
+        default="never",
+        metadata={
+            "help": "When beam search stops. 'never': when no running hypothesis can beat the finished ones "
+            "(§6.1's rule); 'true': as soon as num_beams hypotheses have finished; 'false': HF's heuristic."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.early_stopping not in EARLY_STOPPING:
+            raise ValueError(
+                f"`early_stopping` must be one of {sorted(EARLY_STOPPING)}, got {self.early_stopping!r}."
+            )
+        if self.length_penalty_type not in LENGTH_PENALTY_TYPES:
+            raise ValueError(
+                f"`length_penalty_type` must be one of {LENGTH_PENALTY_TYPES}, got {self.length_penalty_type!r}: "
+                "'hf' = log P / |Y|^α inside beam search, 'gnmt' = log P / ((5 + |Y|) / 6)^α as n-best rescoring."
+            )
+        _refuse_non_finite({"length_penalty": self.length_penalty})
+        if not isinstance(self.num_beams, int) or self.num_beams < 1:
+            raise ValueError(f"`num_beams` must be a positive integer, got {self.num_beams!r}.")
+        if self.length_penalty_type == "gnmt" and self.num_beams < 2:
+            raise ValueError("GNMT length-penalty rescoring needs an n-best list: use num_beams >= 2.")
+
+    def describe(self) -> str:
+        """One line naming the decoding settings, for logs, result files and the model card: greedy
+        decoding (``num_beams=1``) is named as such, without the beam-only length penalty and stopping rule."""
+        if self.num_beams == 1:
+            return "greedy (beam 1), max output length = input length + 50"
+        if self.length_penalty_type == "gnmt":
+            penalty = (
+                f"GNMT length penalty ((5+|Y|)/6)^{self.length_penalty} applied by rescoring the "
+                f"{self.num_beams}-best list of a search run with HF's |Y|^{self.length_penalty}"
+            )
+        else:
+            penalty = f"HF length penalty |Y|^{self.length_penalty} inside beam search"
+        return (
+            f"beam {self.num_beams}, {penalty}, max output length = input length + 50, "
+            f"early_stopping={self.early_stopping}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "description": self.describe()}
+
+
+def _refuse_non_finite(options: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first decoding option that is a non-finite number (NaN or
+    infinity decode into garbage without an error)."""
+    for name, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"`{name}` is {value}, not a finite number: give an ordinary number.")
+
+
+def check_nbest(nbest: int | None, num_beams: int) -> None:
+    """Refuse an n-best list size below 1 or wider than the beam, naming the flag to change."""
+    if nbest is None:
+        return
+    if nbest < 1:
+        raise ValueError(
+            f"--nbest {nbest}: give at least 1 (the number of translations per line), or leave it out."
+        )
+    if nbest > num_beams:
+        raise ValueError(f"--nbest {nbest} needs --num_beams >= {nbest} (now {num_beams}).")
+
+
+BACKENDS = ("auto", "transformers", "ctranslate2")
+
+
+@dataclass
+class InferenceModelArguments:
+    """Which model to run and where."""
+
+    model_name_or_path: str = field(
+        metadata={"help": "A saved model folder (e.g. a Trainer output_dir or checkpoint) or a Hub id."}
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder or Hub id; default: the model folder."}
+    )
+    device: str = field(
+        default="auto", metadata={"help": "'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ..."}
+    )
+    backend: str = field(
+        default="auto",
+        metadata={
+            "help": "'transformers' (generate()), 'ctranslate2' (a folder written by hf-vanilla-export-ct2), or "
+            "'auto': ctranslate2 for a folder with a model.bin, else transformers."
+        },
+    )
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "Weights and computation: 'auto' (as saved or exported), 'float32', 'bfloat16', 'float16'; "
+            "refused where the device cannot run it."
+        },
+    )
+    batch_size: int = field(
+        default=64, metadata={"help": "At most this many sentences per batch (sorted by length)."}
+    )
+    max_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "Also at most this many padded source tokens per batch (sentences × longest); 0 = no token "
+            "budget. A longer sentence goes alone."
+        },
+    )
+    quantization: str = field(
+        default="none",
+        metadata={
+            "help": "Run the model reduced: 'dynamic-int8' (torch quantize_dynamic, CPU), 'torchao-int8-weight', "
+            "'torchao-int8-dynamic' (transformers' TorchAoConfig), 'bf16'; see hf_vanilla.inference.quantization."
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow code shipped with a Hub model (not needed with hf_vanilla installed)."},
+    )
