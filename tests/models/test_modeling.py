@@ -313,6 +313,13 @@ def test_compiled_training_step_has_no_graph_break_and_equals_eager(batch, monke
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
+#: benchmarks/early_stopping.py's tiny configuration.
+TINY_EARLY_STOPPING = {
+    "vocab_size": 100, "d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("mode", ["greedy", "beam"])
 def test_generate_with_cache_equals_without(model, batch, mode: str) -> None:
     kwargs = (
@@ -324,6 +331,27 @@ def test_generate_with_cache_equals_without(model, batch, mode: str) -> None:
     with_cache = model.generate(**source, max_new_tokens=12, use_cache=True, **kwargs)
     without = model.generate(**source, max_new_tokens=12, use_cache=False, **kwargs)
     assert torch.equal(with_cache, without)
+
+
+def test_the_default_early_stopping_never_finds_a_better_hypothesis_than_true() -> None:
+    """§6.1's "terminate early when possible" is transformers' ``early_stopping="never"`` (stop when no
+    running hypothesis can beat the finished ones), not ``True`` (stop once ``num_beams`` have
+    finished). A case found by benchmarks/early_stopping.py (its model seed 2, source 2 of the first
+    batch): ``True`` returns a 3-token hypothesis scoring -2.21; the default search goes on to a
+    56-token one scoring -0.48 (log P / |Y|^0.6)."""
+    torch.manual_seed(2)
+    config = VanillaTransformerConfig(**TINY_EARLY_STOPPING, init_std=0.5, final_logits_bias=True)
+    model = VanillaTransformerForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, config.eos_token_id] = 9.0  # hypotheses end at many lengths
+    source = torch.tensor([[73, 46, 39, 89, 30, 74, 99, 2]])
+    scores = {}
+    with torch.no_grad():
+        for name, kwargs in (("default", {}), ("True", {"early_stopping": True})):
+            out = model.generate(input_ids=source, output_scores=True, return_dict_in_generate=True, **kwargs)
+            scores[name] = (out.sequences_scores.item(), out.sequences.shape[1])
+    assert scores["default"][0] > scores["True"][0] + 1.0, scores
+    assert scores["default"][1] > scores["True"][1], scores
 
 
 def test_generation_defaults_follow_section_6_1(model, batch) -> None:
