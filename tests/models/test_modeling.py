@@ -530,21 +530,28 @@ def test_loss_uses_labels_as_given(model, batch) -> None:
     torch.testing.assert_close(smoothed.loss, expected)
 
 
-def test_gradient_accumulation_equals_one_big_batch() -> None:
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_gradient_accumulation_equals_one_big_batch(label_smoothing: float) -> None:
     """One step on batch 8 = two accumulated steps on batch 4 when the Trainer passes
-    `num_items_in_batch` (the label count over both micro-batches)."""
+    `num_items_in_batch` (the label count over both micro-batches): the summed losses and the
+    gradients, also for the label-smoothed loss (ε_ls = 0.1, §5.4)."""
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(4, 100, (8, 6), generator=generator)
     labels = torch.randint(4, 100, (8, 5), generator=generator)
     labels[::2, 3:] = -100  # unequal label counts per micro-batch
-    model = tiny_model(dropout=0.0)
+    labels[:4, 4] = -100  # and unequal counts between the two micro-batches (9 + 14 against 23)
+    model = tiny_model(dropout=0.0, label_smoothing=label_smoothing)
     model.train()
-    model(input_ids=input_ids, labels=labels).loss.backward()
+    big_loss = model(input_ids=input_ids, labels=labels).loss
+    big_loss.backward()
     big = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    total = (labels != -100).sum()
+    total, accumulated = (labels != -100).sum(), torch.zeros(())
     for part in (slice(0, 4), slice(4, 8)):
-        model(input_ids=input_ids[part], labels=labels[part], num_items_in_batch=total).loss.backward()
+        loss = model(input_ids=input_ids[part], labels=labels[part], num_items_in_batch=total).loss
+        loss.backward()
+        accumulated += loss.detach()
+    torch.testing.assert_close(accumulated, big_loss.detach(), atol=0, rtol=1e-6)
     for g_big, p in zip(big, model.parameters(), strict=True):
         torch.testing.assert_close(p.grad, g_big, atol=1e-6, rtol=1e-5)
 
