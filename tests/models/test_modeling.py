@@ -269,6 +269,7 @@ def _static_cache(model: VanillaTransformerForConditionalGeneration, source_leng
     )
 
 
+@pytest.mark.slow  # an inductor compile: tens of seconds on 2 cores
 def test_compiled_decoding_step_has_no_graph_break_and_equals_the_full_forward(
     model, batch, monkeypatch
 ) -> None:
@@ -295,6 +296,7 @@ def test_compiled_decoding_step_has_no_graph_break_and_equals_the_full_forward(
     torch.testing.assert_close(out.logits[:, -1], full.logits[:, -1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # an inductor compile: tens of seconds on 2 cores
 def test_compiled_training_step_has_no_graph_break_and_equals_eager(batch, monkeypatch) -> None:
     """torch.compile(model, fullgraph=True) of forward + backward with padding and labels (the GPU
     training path: fast paths off) compiles without a graph break and gives eager's loss and gradients."""
