@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -141,12 +140,31 @@ def test_exactly_one_source() -> None:
         load_from_args(DataArguments(demo=True, dataset_name="wmt14"))
 
 
+def _count_urlopen(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Record the timeout of every ``urllib.request.urlopen`` call, which still runs."""
+    import urllib.request
+
+    calls, urlopen = [], urllib.request.urlopen
+
+    def counted(*args: object, timeout: float, **kwargs: object) -> object:
+        calls.append(timeout)
+        return urlopen(*args, timeout=timeout, **kwargs)
+
+    monkeypatch.setattr(urllib.request, "urlopen", counted)
+    return calls
+
+
+def _no_load_dataset(*args: object, **kwargs: object) -> None:
+    raise AssertionError("datasets.load_dataset (and its retry loop) was reached")
+
+
 def test_hub_offline_fails_fast_with_local_file_help(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fast by construction: no request at all (datasets only looks in its cache)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    start = time.monotonic()
+    calls = _count_urlopen(monkeypatch)
     with pytest.raises(ValueError) as info:
         load_from_args(DataArguments(dataset_name="wmt14", dataset_config_name="de-en"))
-    assert time.monotonic() - start < 10
+    assert calls == []
     message = str(info.value)
     assert "wmt14" in message and "offline" in message
     for argument in ("--train_files", "--validation_files", "--source_lang", "--demo"):
@@ -154,18 +172,23 @@ def test_hub_offline_fails_fast_with_local_file_help(monkeypatch: pytest.MonkeyP
 
 
 def test_hub_unreachable_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fast by construction: one request with a bounded timeout, no retries, and datasets' own retry
+    loop is never reached."""
     import huggingface_hub.constants
 
-    # The probe itself: a closed local port answers at once, without retries.
+    # The probe itself: a closed local port answers at once.
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
-    start = time.monotonic()
+    calls = _count_urlopen(monkeypatch)
     reason = data._hub_unreachable_reason(timeout=2)
     assert reason is not None and "127.0.0.1:9" in reason
-    assert time.monotonic() - start < 5
+    assert calls == [2]
     # And load_hub_dataset stops there, before datasets' retry loop.
     monkeypatch.setattr(data, "hub_offline", lambda: False)
+    monkeypatch.setattr(data.datasets, "load_dataset", _no_load_dataset)
+    calls.clear()
     with pytest.raises(ValueError, match=r"unreachable.*HF_HUB_OFFLINE=1.*--train_files"):
         data.load_hub_dataset("wmt14", "de-en", "en", "de")
+    assert calls == [5.0]  # the one probe, at its default timeout
 
 
 # ---------------------------------------------------------------- demo task

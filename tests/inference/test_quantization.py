@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -20,7 +21,12 @@ from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and
 from hf_vanilla.inference.quantization import ROUTES, check_route, from_pretrained_kwargs, quantize_loaded
 from hf_vanilla.models.vanilla_transformer import fast_paths as fast_paths
 
-torchao = pytest.importorskip("torchao")
+TORCHAO_ROUTES = ("torchao-int8-weight", "torchao-int8-dynamic")
+
+
+def _torchao() -> ModuleType:
+    """torchao, or a skip of only the test that needs it (the other routes run without it)."""
+    return pytest.importorskip("torchao", reason="the torchao routes need pip install 'hf_vanilla[quant]'")
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +60,11 @@ def _agreement(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 SOURCE, _ = copy_task(torch.Generator().manual_seed(1), 64)
 
 
-@pytest.mark.parametrize("route", ["torchao-int8-weight", "torchao-int8-dynamic"])
+@pytest.mark.parametrize("route", TORCHAO_ROUTES)
 def test_torchao_config_quantizes_every_projection_and_keeps_greedy_tokens(
     copy_model, copy_folder, route, tmp_path
 ) -> None:
+    torchao = _torchao()
     kwargs = from_pretrained_kwargs(route)
     quantized = AutoModelForSeq2SeqLM.from_pretrained(copy_folder, **kwargs)
     linears = {name: module for name, module in quantized.named_modules() if type(module) is nn.Linear}
@@ -81,6 +88,7 @@ def test_torchao_config_quantizes_every_projection_and_keeps_greedy_tokens(
 def test_a_torchao_weight_takes_the_stock_linear_not_the_onednn_fast_path() -> None:
     """torchao keeps the ``nn.Linear`` and swaps its weight for a tensor subclass: the fast path must
     call the module (oneDNN has no kernel for the subclass)."""
+    torchao = _torchao()
     layer = nn.Linear(512, 640)  # over the oneDNN threshold
     torchao.quantization.quantize_(layer, torchao.quantization.Int8WeightOnlyConfig())
     x = torch.randn(2, 3, 512)
@@ -105,14 +113,25 @@ def test_bf16_weights_and_cpu_autocast_keep_greedy_tokens(copy_model, copy_folde
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_every_route_loads_through_the_command_line_arguments(copy_model, copy_folder, route) -> None:
-    """``--quantization`` of the translation and evaluation commands (``ModelArguments``)."""
+    """``--quantization`` of the translation and evaluation commands (``ModelArguments``): the loaded
+    model is the route's (its weights' type or dtype; an fp32 model would agree with itself) and keeps
+    the fp32 greedy tokens."""
+    if route in TORCHAO_ROUTES:
+        _torchao()
     model, _ = load_model_and_tokenizer(
         InferenceModelArguments(model_name_or_path=str(copy_folder), device="cpu", quantization=route)
     )
+    fc1, lm_head = model.model.encoder.layers[0].fc1, model.lm_head
+    if route == "dynamic-int8":
+        assert isinstance(fc1, torch.ao.nn.quantized.dynamic.Linear)
+        assert isinstance(lm_head, torch.ao.nn.quantized.dynamic.Linear)
+    elif route in TORCHAO_ROUTES:
+        assert type(fc1.weight).__name__ == "Int8Tensor" and type(lm_head) is nn.Linear
+    else:
+        assert type(fc1) is nn.Linear and type(fc1.weight) is nn.Parameter
+        assert fc1.weight.dtype == (torch.bfloat16 if route == "bf16" else torch.float32)
     fp32 = _greedy(copy_model, SOURCE)
     assert _agreement(_greedy(model, SOURCE), fp32)[0] >= 0.95
-    if route == "dynamic-int8":
-        assert isinstance(model.lm_head, torch.ao.nn.quantized.dynamic.Linear)
 
 
 def test_quantize_loaded_is_quantize_dynamic_and_unknown_routes_are_refused(copy_model) -> None:

@@ -4,6 +4,7 @@ token budgets, and a CTranslate2 backend that gives the transformers backend's o
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_model, word_tokenizer
+from helpers import ROOT, tiny_model, word_tokenizer
 
 from hf_vanilla.hub.folder import save_model_folder
 from hf_vanilla.inference.ctranslate2 import CTranslate2Model
@@ -268,3 +269,29 @@ def test_greedy_decoding_passes_and_names_no_beam_options(
     assert "beam search" not in GREEDY.describe() and "early_stopping" not in GREEDY.describe()
     translate(model, tokenizer, ["w1 w2"], DecodingOptions())
     assert passed[-1]["length_penalty"] == 0.6 and passed[-1]["early_stopping"] == "never"
+
+
+@pytest.mark.slow  # a real process importing the whole stack
+def test_ctrl_c_ends_the_command_with_status_130_and_one_line(folder: Path) -> None:
+    """SIGINT to ``hf-vanilla-translate`` waiting on stdin, once it has answered a first line (the
+    readiness signal: the model is loaded and it reads on): status 130, ``interrupted`` as its one
+    line, no traceback."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "hf_vanilla.cli.translate", "--model_name_or_path", str(folder)]
+    process = subprocess.Popen(
+        command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        process.stdin.write("w4 w5\n")
+        process.stdin.flush()
+        assert _readline(process.stdout, timeout=300), "no translation"
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err
+    # Its one line ends stderr (before it: the loading's own warnings and progress bars).
+    assert err.splitlines()[-1] == "interrupted" and err.count("interrupted") == 1, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]

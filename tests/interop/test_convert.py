@@ -260,6 +260,19 @@ def test_unrepresentable_checkpoints_are_refused_by_name(change: object, named: 
         convert_model(source)
 
 
+@pytest.mark.parametrize("scale", [1.01, 2.0])
+def test_a_checkpoint_whose_logits_the_conversion_does_not_reproduce_is_refused(scale: float) -> None:
+    """The probe at the end of every conversion: a source model computing something the converter does
+    not detect (here its encoder output scaled, as an unknown option would) is refused with the size
+    of the difference, not saved as a model that translates differently."""
+    source = marian(seed=1).eval()
+    source.model.encoder.register_forward_hook(
+        lambda module, args, output: output.__class__(last_hidden_state=output.last_hidden_state * scale)
+    )
+    with pytest.raises(ConversionError, match=r"logits differ from the original's by .*report it"):
+        convert_model(source)
+
+
 def test_other_architectures_and_unreachable_hub_ids_are_refused(tmp_path: Path) -> None:
     bart = BartForConditionalGeneration(
         BartConfig(

@@ -5,8 +5,8 @@ biases, as Marian has). Each contract check is a function ``check(side) -> obser
 ``CHECKS``; it asserts what must hold for one model and returns what both must share.
 ``test_check_holds`` runs every check on each side; ``test_sides_agree`` compares the two
 observations, after ``DIFFERENCES`` has asserted (and removed) each difference that is by design.
-A new check is one function added to ``CHECKS``; a check one side fails today is listed in
-``EXPECTED_FAILURES`` (strict xfail, so it is flipped as soon as it passes).
+A new check is one function added to ``CHECKS``; it must return an observation (``test_sides_agree``
+refuses ``None``, which two sides would always share).
 """
 
 from __future__ import annotations
@@ -277,15 +277,21 @@ def check_continue_from_cache(side: Side) -> object:
     continued = model.generate(**batch, decoder_input_ids=first.sequences, cache=first.cache, **new, **greedy)
     twice = {"max_new_tokens": 2 * NEW_TOKENS, "min_new_tokens": 2 * NEW_TOKENS}
     assert torch.equal(continued, model.generate(**batch, **twice, **greedy))
+    return {"cache": type(first.cache).__name__, "continued": shapes(continued)}
 
 
 def check_static_cache(side: Side) -> object:
     """``cache_implementation="static"`` equals the dynamic cache token for token (greedy, beam)."""
-    model = side.model()
+    model, seen = side.model(), {}
     for beams in (1, BEAMS):
         kwargs = {"num_beams": beams, "do_sample": False, "max_new_tokens": NEW_TOKENS}
         dynamic = model.generate(**inputs(), **kwargs)
-        assert torch.equal(model.generate(**inputs(), cache_implementation="static", **kwargs), dynamic)
+        static = model.generate(
+            **inputs(), cache_implementation="static", return_dict_in_generate=True, **kwargs
+        )
+        assert torch.equal(static.sequences, dynamic)
+        seen[beams] = (type(static.cache.self_attention_cache).__name__, shapes(static.sequences))
+    return seen
 
 
 def check_compile(side: Side) -> object:
@@ -299,9 +305,13 @@ def check_compile(side: Side) -> object:
     torch._dynamo.reset()
     model.forward = torch.compile(model.forward, fullgraph=True, backend="eager")
     try:
-        assert torch.equal(model.generate(**inputs(), cache_implementation="static", **kwargs), expected)
+        compiled = model.generate(**inputs(), cache_implementation="static", **kwargs)
+        assert torch.equal(compiled, expected)
+        frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     finally:
         torch._dynamo.reset()
+    assert frames > 0  # the compiled forward ran, as a graph
+    return {"full graph declared": model._can_compile_fullgraph, "tokens": shapes(compiled)}
 
 
 def check_loss_is_a_function_of_the_logits(side: Side) -> object:
@@ -337,9 +347,6 @@ CHECKS: list[Callable[[Side], object]] = [
     check_compile,
     check_loss_is_a_function_of_the_logits,
 ]
-
-#: (check, side) pairs that fail today; strict, so each is flipped when it starts to pass.
-EXPECTED_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def _sdpa_difference(ours: dict, marian: dict) -> None:
@@ -379,14 +386,8 @@ def _params(checks: list[Callable[[Side], object]], with_sides: bool) -> list:
     params = []
     for check in checks:
         for side in SIDES if with_sides else (None,):
-            reasons = [
-                EXPECTED_FAILURES[check.__name__, s.name]
-                for s in ((side,) if side else SIDES)
-                if (check.__name__, s.name) in EXPECTED_FAILURES
-            ]
-            marks = [pytest.mark.xfail(strict=True, reason="; ".join(reasons))] if reasons else []
             ids = check.__name__.removeprefix("check_") + (f"-{side.name}" if side else "")
-            params.append(pytest.param(check.__name__, side.name if side else None, marks=marks, id=ids))
+            params.append(pytest.param(check.__name__, side.name if side else None, id=ids))
     return params
 
 
@@ -401,6 +402,7 @@ def test_sides_agree(check_name: str, side_name: None) -> None:
         copy.deepcopy(observe(check_name, "hf_vanilla")),
         copy.deepcopy(observe(check_name, "marian")),
     )
+    assert ours is not None and marian is not None, f"{check_name} observes nothing to compare"
     if check_name in DIFFERENCES:
         DIFFERENCES[check_name](ours, marian)
     assert ours == marian

@@ -265,6 +265,7 @@ def _static_cache(model: VanillaTransformerForConditionalGeneration, source_leng
     )
 
 
+@pytest.mark.slow  # an inductor compile: tens of seconds on 2 cores
 def test_compiled_decoding_step_has_no_graph_break_and_equals_the_full_forward(
     model, batch, fast_paths_off
 ) -> None:
@@ -290,6 +291,7 @@ def test_compiled_decoding_step_has_no_graph_break_and_equals_the_full_forward(
     torch.testing.assert_close(out.logits[:, -1], full.logits[:, -1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # an inductor compile: tens of seconds on 2 cores
 def test_compiled_training_step_has_no_graph_break_and_equals_eager(batch, fast_paths_off) -> None:
     """torch.compile(model, fullgraph=True) of forward + backward with padding and labels (the GPU
     training path: fast paths off) compiles without a graph break and gives eager's loss and gradients."""
@@ -307,6 +309,13 @@ def test_compiled_training_step_has_no_graph_break_and_equals_eager(batch, fast_
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
+#: benchmarks/early_stopping.py's tiny configuration.
+TINY_EARLY_STOPPING = {
+    "vocab_size": 100, "d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("mode", ["greedy", "beam"])
 def test_generate_with_cache_equals_without(model, batch, mode: str) -> None:
     kwargs = (
@@ -318,6 +327,27 @@ def test_generate_with_cache_equals_without(model, batch, mode: str) -> None:
     with_cache = model.generate(**source, max_new_tokens=12, use_cache=True, **kwargs)
     without = model.generate(**source, max_new_tokens=12, use_cache=False, **kwargs)
     assert torch.equal(with_cache, without)
+
+
+def test_the_default_early_stopping_never_finds_a_better_hypothesis_than_true() -> None:
+    """§6.1's "terminate early when possible" is transformers' ``early_stopping="never"`` (stop when no
+    running hypothesis can beat the finished ones), not ``True`` (stop once ``num_beams`` have
+    finished). A case found by benchmarks/early_stopping.py (its model seed 2, source 2 of the first
+    batch): ``True`` returns a 3-token hypothesis scoring -2.21; the default search goes on to a
+    56-token one scoring -0.48 (log P / |Y|^0.6)."""
+    torch.manual_seed(2)
+    config = VanillaTransformerConfig(**TINY_EARLY_STOPPING, init_std=0.5, final_logits_bias=True)
+    model = VanillaTransformerForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, config.eos_token_id] = 9.0  # hypotheses end at many lengths
+    source = torch.tensor([[73, 46, 39, 89, 30, 74, 99, 2]])
+    scores = {}
+    with torch.no_grad():
+        for name, kwargs in (("default", {}), ("True", {"early_stopping": True})):
+            out = model.generate(input_ids=source, output_scores=True, return_dict_in_generate=True, **kwargs)
+            scores[name] = (out.sequences_scores.item(), out.sequences.shape[1])
+    assert scores["default"][0] > scores["True"][0] + 1.0, scores
+    assert scores["default"][1] > scores["True"][1], scores
 
 
 def test_generation_defaults_follow_section_6_1(model, batch) -> None:
@@ -496,21 +526,28 @@ def test_loss_uses_labels_as_given(model, batch) -> None:
     torch.testing.assert_close(smoothed.loss, expected)
 
 
-def test_gradient_accumulation_equals_one_big_batch() -> None:
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_gradient_accumulation_equals_one_big_batch(label_smoothing: float) -> None:
     """One step on batch 8 = two accumulated steps on batch 4 when the Trainer passes
-    `num_items_in_batch` (the label count over both micro-batches)."""
+    `num_items_in_batch` (the label count over both micro-batches): the summed losses and the
+    gradients, also for the label-smoothed loss (ε_ls = 0.1, §5.4)."""
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(4, 100, (8, 6), generator=generator)
     labels = torch.randint(4, 100, (8, 5), generator=generator)
     labels[::2, 3:] = -100  # unequal label counts per micro-batch
-    model = tiny_model(dropout=0.0)
+    labels[:4, 4] = -100  # and unequal counts between the two micro-batches (9 + 14 against 23)
+    model = tiny_model(dropout=0.0, label_smoothing=label_smoothing)
     model.train()
-    model(input_ids=input_ids, labels=labels).loss.backward()
+    big_loss = model(input_ids=input_ids, labels=labels).loss
+    big_loss.backward()
     big = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    total = (labels != -100).sum()
+    total, accumulated = (labels != -100).sum(), torch.zeros(())
     for part in (slice(0, 4), slice(4, 8)):
-        model(input_ids=input_ids[part], labels=labels[part], num_items_in_batch=total).loss.backward()
+        loss = model(input_ids=input_ids[part], labels=labels[part], num_items_in_batch=total).loss
+        loss.backward()
+        accumulated += loss.detach()
+    torch.testing.assert_close(accumulated, big_loss.detach(), atol=0, rtol=1e-6)
     for g_big, p in zip(big, model.parameters(), strict=True):
         torch.testing.assert_close(p.grad, g_big, atol=1e-6, rtol=1e-5)
 

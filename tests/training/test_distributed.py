@@ -5,7 +5,8 @@ records what each process saw) with ``torchrun --nproc_per_node 2`` and ``accele
 --num_processes 2`` — which on a machine without GPUs runs two CPU processes over gloo — and compare
 with one process that sees the same global batches. ``accelerate launch --cpu --num_processes 2`` runs
 one process only (accelerate 1.15); a slow test pins that down, so every test here proves that two
-ranks ran.
+ranks ran. Every launch is in the slow tier; the default tier checks the launch checks in process
+(``test_check_process_group``, ``test_check_fsdp_honoured``).
 """
 
 from __future__ import annotations
@@ -78,10 +79,12 @@ def _check_identical_ranks(run: Run) -> None:
         assert torch.equal(first[key], second[key]), key
 
 
+@pytest.mark.slow
 def test_two_processes_really_ran(sentence_batches: tuple[Run, Run]) -> None:
     _check_two_ranks(sentence_batches[0])
 
 
+@pytest.mark.slow
 def test_the_tokenizer_is_trained_once_and_shared_with_the_other_rank(
     sentence_batches: tuple[Run, Run],
 ) -> None:
@@ -91,16 +94,19 @@ def test_the_tokenizer_is_trained_once_and_shared_with_the_other_rank(
     assert {r["tokenizer_sha256"] for r in double.ranks()} == {single.ranks()[0]["tokenizer_sha256"]}
 
 
+@pytest.mark.slow
 def test_parameters_are_identical_on_both_ranks(sentence_batches: tuple[Run, Run]) -> None:
     _check_identical_ranks(sentence_batches[0])
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_with_the_same_global_batch(
     sentence_batches: tuple[Run, Run],
 ) -> None:
     check_matches_one_process(*sentence_batches)
 
 
+@pytest.mark.slow
 def test_generation_evaluation_sees_every_sentence_once(sentence_batches: tuple[Run, Run]) -> None:
     """BLEU over 2 processes scores each validation sentence exactly once, in order, like 1 process."""
     double, single = sentence_batches
@@ -149,6 +155,7 @@ def test_accelerate_launch_cpu_flag_with_two_processes_is_refused(
     assert sum(line.startswith("error: ") for line in run.log.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_launch_without_use_cpu_on_a_cpu_machine_is_refused(tmp_path: Path, tokenizer_dir: Path) -> None:
     """``torchrun --nproc_per_node 2`` without ``--use_cpu`` on a machine without GPUs: both processes
     find no GPU and join no process group; instead of two unconnected runs into one --output_dir,
@@ -162,7 +169,9 @@ def test_launch_without_use_cpu_on_a_cpu_machine_is_refused(tmp_path: Path, toke
 @pytest.mark.parametrize(
     "launcher, extra",
     [
-        ("accelerate-fsdp", []),  # configs/accelerate/fsdp.yaml, as docs/scaling.md shows it, with --use_cpu
+        pytest.param(
+            "accelerate-fsdp", [], marks=pytest.mark.slow
+        ),  # configs/accelerate/fsdp.yaml, with --use_cpu
         pytest.param(
             "torchrun",
             ["--fsdp", "full_shard auto_wrap", "--fsdp_config", json.dumps({"version": 2})],

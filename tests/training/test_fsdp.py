@@ -7,7 +7,7 @@ Two levels:
   process with all of it; a checkpoint written sharded (``torch.distributed.checkpoint``) and
   consolidated (``save_pretrained``), read back by ``from_pretrained`` and resumed.
 * **The project's training path** (``scripts/train.py`` through ``accelerate launch --config_file
-  configs/accelerate/fsdp.yaml``, slow): accelerate 1.15 enables FSDP only on GPUs — the script refuses
+  configs/accelerate/fsdp.yaml``): accelerate 1.15 enables FSDP only on GPUs — the script refuses
   the launch on CPU (tests/training/test_distributed.py) — so tests/train_driver.py's test-only shim
   (``HF_VANILLA_TEST_FSDP_ON_CPU=1``) lets it shard a gloo run; train → checkpoint → resume → evaluate.
 """
@@ -33,6 +33,9 @@ from hf_vanilla.io.safe_loading import verify_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "fsdp_worker.py"
+
+# Every test here launches torchrun (four 2-process runs for the model, more for the training path).
+pytestmark = pytest.mark.slow
 STEPS, SAVE_AT = 3, 2
 
 
@@ -44,7 +47,7 @@ def _worker(out: Path, *args: str) -> subprocess.Popen:
 
 
 def _finish(process: subprocess.Popen) -> None:
-    log = process.communicate(timeout=300)[0]
+    log = process.communicate(timeout=900)[0]
     assert process.returncode == 0, log[-4000:]
 
 
@@ -104,15 +107,16 @@ def test_every_layer_is_sharded_and_the_shared_matrix_stays_one_parameter(runs: 
 def test_two_sharded_processes_match_one_process_with_sgd(runs: dict[str, Path]) -> None:
     """The reduce-scattered gradient equals the 1-process gradient up to float32 summation order
     (4 + 4 rows summed per rank, then averaged, against 8 rows summed): relative 1e-5 of the largest
-    entry. SGD moves each parameter by lr × gradient, so the parameters agree to lr × that plus the
-    rounding of the update itself (a few ulp of parameters of size ~0.1: ~3e-8)."""
+    entry (asserted: 1.5e-6 of it; measured 1e-6 of it, 6e-8 absolute). SGD moves each parameter by
+    lr × gradient, so the parameters agree to lr × that plus the rounding of the update itself (a few
+    ulp of parameters of size ~0.1; asserted: 1e-7, measured 6e-8)."""
     expected, reference_gradients = _one_process("sgd", STEPS)
     for got, want in zip(_sharded_gradients(runs["sgd"]), reference_gradients, strict=True):
         for name, gradient in want.items():
-            torch.testing.assert_close(got[name], gradient, rtol=0, atol=1e-5 * gradient.abs().max().item())
+            torch.testing.assert_close(got[name], gradient, rtol=0, atol=1.5e-6 * gradient.abs().max().item())
     final = load_file(runs["sgd"] / "final.safetensors")
     for name, value in expected.items():
-        torch.testing.assert_close(final[name], value, rtol=0, atol=1e-6, msg=name)
+        torch.testing.assert_close(final[name], value, rtol=0, atol=1e-7, msg=name)
 
 
 def _adam_bound(
@@ -142,10 +146,10 @@ def test_two_sharded_processes_match_one_process_with_adam_within_its_amplificat
     The tolerance is that bound, per element: 1e-6 + Σ_t 3 · lr · δ_t / (|g_t| + ε), where g_t is the
     1-process gradient at step t, δ_t the largest gradient difference measured at step t (the 3 covers
     m̂'s and v̂'s mix of the steps so far), capped at 2 · lr per step (two opposite updates). The paper
-    model (no attention biases) has no gradient element near zero: every element agrees to 1e-5
-    (measured 1.5e-7). With attention biases, the key bias's gradient is exactly zero in exact
+    model (no attention biases) has no gradient element near zero: every element agrees to 1.5e-7
+    (measured 6e-8). With attention biases, the key bias's gradient is exactly zero in exact
     arithmetic (softmax ignores a shift shared by all keys), float32 noise of ~5e-9: there, and only
-    there, the runs part by more than 1e-5 (measured 2.8e-3, nearly three full steps of lr = 1e-3;
+    there, the runs part by more than 1.5e-7 (measured 2.1e-3, nearly three full steps of lr = 1e-3;
     with SGD the same bias agrees to 7e-12), still within the bound."""
     expected, reference_gradients = _one_process("adam", STEPS, attention_bias)
     sharded_gradients = _sharded_gradients(runs["adam-bias" if attention_bias else "adam"])
@@ -157,7 +161,7 @@ def test_two_sharded_processes_match_one_process_with_adam_within_its_amplificat
         difference = (final[name] - value).abs()
         bound = _adam_bound(name, sharded_gradients, reference_gradients)
         assert (difference <= 1e-6 + bound).all(), f"{name}: {difference.max():.3g} exceeds the bound"
-        if difference.max() > 1e-5:
+        if difference.max() > 1.5e-7:
             amplified.add(name.rsplit(".", 2)[-2] + "." + name.rsplit(".", 1)[-1])
     assert amplified == ({"k_proj.bias"} if attention_bias else set())
 
@@ -221,7 +225,6 @@ def trainer_runs(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) 
     return {"fsdp": fsdp, "single": single, "resumed": resumed}
 
 
-@pytest.mark.slow
 def test_train_script_under_fsdp2_is_sharded_and_matches_one_process(trainer_runs: dict[str, Run]) -> None:
     fsdp = trainer_runs["fsdp"]
     ranks = fsdp.ranks()
@@ -232,7 +235,6 @@ def test_train_script_under_fsdp2_is_sharded_and_matches_one_process(trainer_run
     check_matches_one_process(fsdp, trainer_runs["single"])
 
 
-@pytest.mark.slow
 def test_train_script_fsdp_checkpoint_verifies_and_resumes_to_the_same_weights(
     trainer_runs: dict[str, Run],
 ) -> None:
@@ -253,7 +255,6 @@ def test_train_script_fsdp_checkpoint_verifies_and_resumes_to_the_same_weights(
         assert torch.equal(value, final[name]), name
 
 
-@pytest.mark.slow
 def test_train_script_fsdp_folders_load_without_hf_vanilla(
     trainer_runs: dict[str, Run], tmp_path: Path
 ) -> None:

@@ -270,22 +270,36 @@ def test_evaluation_logs_the_unsmoothed_nll_and_perplexity(tmp_path: Path, token
     assert metrics["plain_nll_loss"] == pytest.approx(metrics["plain_loss"], rel=1e-5)
 
 
-def test_loss_decreases_on_a_copy_task(tmp_path: Path, tokenizer) -> None:
-    data = _dataset(tmp_path, tokenizer, n_train=256)
+def test_training_learns_to_read_the_source_on_a_copy_task(tmp_path: Path, tokenizer) -> None:
+    """60 steps on a copy task: the training loss falls, and the trained model reads its source — on
+    held-out pairs its loss with each row's own source is far below its loss with the sources rolled
+    by one row (a model that ignores the source, learning only the target words' frequencies and
+    lengths, has the same loss both ways)."""
+    data = _dataset(tmp_path, tokenizer, n_train=256, n_valid=16)
     # An explicit peak learning rate: Eq. (3)'s d_model^-0.5 scale is too large for d_model = 32.
     args = _args(
         tmp_path / "out",
-        max_steps=60,
+        max_steps=150,
         warmup_steps=10,
         learning_rate=1e-2,
         per_device_train_batch_size=16,
-        logging_steps=10,
+        logging_steps=25,
     )
     trainer = _trainer(tiny_model(dropout=0.0), args, data, tokenizer)
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 6
     assert losses[-1] < 0.7 * losses[0]
+    batch = trainer.data_collator(list(data["validation"]))
+    model = trainer.model.eval()
+    with torch.no_grad():
+        own = model(**{key: batch[key] for key in ("input_ids", "attention_mask", "labels")}).loss.item()
+        rolled = model(
+            input_ids=batch["input_ids"].roll(1, dims=0),
+            attention_mask=batch["attention_mask"].roll(1, dims=0),
+            labels=batch["labels"],
+        ).loss.item()
+    assert own < 0.5 * rolled  # measured 1.63 against 5.18; after 100 steps only 2.13 against 4.41
     assert max(entry["learning_rate"] for entry in trainer.state.log_history if "loss" in entry) <= 1e-2
 
 
