@@ -41,13 +41,8 @@ _RANGES: dict[str, tuple[str, Any]] = {
 
 @strict
 class VanillaTransformerConfig(PretrainedConfig):
-    r"""Configuration for [`VanillaTransformerModel`] and [`VanillaTransformerForConditionalGeneration`].
-
-    The comments beside the fields say what each is; the options for imported checkpoints (OPUS-MT/Marian,
-    fairseq/FSMT; ``hf_vanilla.interop.convert``) are all off by default, each a documented deviation. Special token
-    ids must lie inside the vocabulary: this raises where transformers only warns, since an id outside the
-    embedding breaks the model. ``get_text_config(decoder=True).vocab_size`` is the target size, as Marian's.
-    """
+    r"""Config of [`VanillaTransformerModel`] and [`VanillaTransformerForConditionalGeneration`]: the comments beside
+    the fields say what each is; the options for imported checkpoints are off by default (each a deviation)."""
 
     model_type = "vanilla_transformer"
     keys_to_ignore_at_inference = ["past_key_values", "cache"]
@@ -56,11 +51,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         "num_attention_heads": "encoder_attention_heads",
         "num_hidden_layers": "encoder_layers",
     }
-    #: The pipeline tasks registered in this process by the installed hf_vanilla (``import hf_vanilla`` sets
-    #: it; a class attribute, not a field). A config of this class drops ``config.json``'s
-    #: ``custom_pipelines`` entries for them, so that ``pipeline(task, model=folder)`` takes the registered
-    #: pipeline without ``trust_remote_code``, as ``AutoModel...`` takes the registered model class; the
-    #: model's ``save_pretrained`` writes the entries again.
+    #: Tasks hf_vanilla registered (set on import): dropped from custom_pipelines, so no trust_remote_code is needed.
     registered_pipelines = ()
 
     # The paper's model (Table 3, base)
@@ -103,15 +94,11 @@ class VanillaTransformerConfig(PretrainedConfig):
             self.decoder_vocab_size = None
         if self.decoder_start_token_id is None:
             self.decoder_start_token_id = self.bos_token_id
-        if kwargs.get("custom_pipelines") and self.registered_pipelines:
-            kwargs = {**kwargs}
-            custom = kwargs.pop("custom_pipelines")
-            custom = {task: entry for task, entry in custom.items() if task not in self.registered_pipelines}
-            if custom:
-                kwargs["custom_pipelines"] = custom
+        custom = kwargs.pop("custom_pipelines", None) or {}  # save_pretrained writes the entries again
+        if kept := {task: entry for task, entry in custom.items() if task not in self.registered_pipelines}:
+            kwargs["custom_pipelines"] = kept
         super().__post_init__(**kwargs)
-        # Raise the ValueError itself here; `@strict` runs the same check again (wrapped) on `validate()`.
-        self.validate_architecture()
+        self.validate_architecture()  # a ValueError here; @strict runs it again (wrapped) on validate()
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "VanillaTransformerConfig":
@@ -137,7 +124,8 @@ class VanillaTransformerConfig(PretrainedConfig):
         return text_config
 
     def validate_architecture(self) -> None:
-        """Raise a ``ValueError`` naming the field and the fix for a size, rate or id the model cannot take."""
+        """Raise a ``ValueError`` naming the field and the fix for a size, rate or id the model cannot take (an
+        out-of-vocabulary special id raises where transformers only warns: it breaks the embedding)."""
         for name, (valid, check) in _RANGES.items():
             if not check(getattr(self, name)):
                 raise ValueError(f"`{name}` must be {valid}, got {getattr(self, name)!r}.")
