@@ -220,7 +220,7 @@ def train_args(tokenizer_dir: Path | None, output_dir: Path, *extra: str) -> lis
     ]  # fmt: skip
 
 
-def _env(record_dir: Path) -> dict[str, str]:
+def _env(record_dir: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         HF_HUB_OFFLINE="1",
@@ -228,6 +228,7 @@ def _env(record_dir: Path) -> dict[str, str]:
         OMP_NUM_THREADS="1",
         PYTHONPATH=str(ROOT),
         HF_VANILLA_RECORD_DIR=str(record_dir),
+        **extra,
     )
     return env
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import tiny_model
+from helpers import _env, tiny_model
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
@@ -609,19 +609,6 @@ def _train_cmd(tokenizer_dir: Path, data_file: Path, out: Path, max_steps: int =
         "--do_eval", "false", "--report_to", "none", "--use_cpu", "--disable_tqdm", "true",
         "--output_dir", str(out),
     ]  # fmt: skip
-
-
-def _env(record_dir: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=str(ROOT),
-        HF_VANILLA_RECORD_DIR=str(record_dir),
-        **extra,
-    )
-    return env
 
 
 @pytest.mark.slow
