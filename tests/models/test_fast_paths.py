@@ -94,6 +94,13 @@ def test_every_linear_of_an_inference_forward_is_offered_to_the_fast_path(batch,
     assert {id(module) for module in offered} == linears
     assert any(module is model.lm_head for module in offered)
 
+    untied = tiny_model(tie_word_embeddings=False)  # resizing gives it a new output projection
+    untied.resize_token_embeddings(104)
+    offered.clear()
+    with torch.no_grad():
+        untied(input_ids=batch["input_ids"], decoder_input_ids=decoder_input_ids)
+    assert any(module is untied.lm_head for module in offered)
+
 
 def test_attention_gate_picks_matrix_products_only_for_many_rows_of_a_decoding_step() -> None:
     model = tiny_model()  # 4 heads

@@ -2,16 +2,16 @@
 
 Each fast path computes exactly what its plain-PyTorch fallback computes (to floating-point
 rounding), only faster on the CPU; none of them is part of the paper, and none is a deviation from
-it. The linear layers are entered through their own ``forward`` (:func:`route_linears`, called once
-when a model is built, by :class:`FastLinearsMixin`: the layers call ``self.q_proj(x)``); the modeling file calls each other one in
-place of a stock operation, the way fairseq's layers call ``self.dropout_module(x)``:
+it. :func:`linear` is each ``nn.Linear``'s own ``forward`` (:func:`route_linears`, run once when a
+model is built, by :class:`FastLinearsMixin`), so the layers call ``self.q_proj(x)``; the modeling
+file calls each other one in place of a stock operation, the way fairseq's layers call
+``self.dropout_module(x)``:
 
 ============================  ==============================================  =======================
 fast path                     plain fallback                                  what it buys
 ============================  ==============================================  =======================
-:func:`linear` (the           the module's class ``forward`` (``F.linear``    oneDNN weight streaming
-``forward`` of each           for a stock ``nn.Linear``)                      in fp32 CPU inference
-``nn.Linear``)
+:func:`linear`                the class ``forward`` (``F.linear``)            oneDNN weight streaming
+                                                                              in fp32 CPU inference
 :func:`dropout`               ``F.dropout(x, p, training)``                   a mask from one 32-bit
                                                                               draw per two elements
 :func:`attention_interface`   the configured kernel (SDPA)                    Eq. (1) as two matrix
@@ -180,7 +180,8 @@ def route_linears(model: nn.Module) -> None:
     and the state dict see the stock module); only its instance gets a ``forward`` attribute, as
     accelerate's hooks and the ``kernels`` library's ``kernelize`` give one. Its hooks run around it as
     around any ``forward``; a layer whose class someone changes afterwards runs that class's
-    ``forward``. Layers added later (``set_output_embeddings``) keep the stock ``forward``."""
+    ``forward``. The model routes a new output projection too (``set_output_embeddings``, which the
+    vocabulary resizing uses)."""
     for module in model.modules():
         if type(module) is nn.Linear and "forward" not in module.__dict__:
             module.forward = functools.partial(_linear_forward, module)

@@ -76,7 +76,7 @@ from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .fast_paths import FastLinearsMixin, update_self_attention_cache
+from .fast_paths import FastLinearsMixin, route_linears, update_self_attention_cache
 from .fast_paths import attention_interface as fast_attention_interface
 from .fast_paths import dropout as fast_dropout
 from .fast_paths import linear_cross_entropy as fast_linear_cross_entropy
@@ -787,6 +787,7 @@ class VanillaTransformerForConditionalGeneration(
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
+        route_linears(new_embeddings)  # a stock nn.Linear gets the CPU fast path, as at construction
 
     def get_encoder(self, modality: str | None = None) -> VanillaTransformerEncoder:
         return self.model.encoder
