@@ -194,7 +194,7 @@ CONFIGS = ROOT / "configs" / "accelerate"
 TRAIN, VALID = 48, 7  # 7 validation sentences: not a multiple of 2 processes × 2 per batch
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -249,18 +249,18 @@ def _launchers(name: str) -> list[str]:
     if name == "accelerate":  # the repository's DDP config (MULTI_GPU), on CPU: 2 gloo processes
         return [
             sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "ddp.yaml"),
-            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()), str(DRIVER),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()), str(DRIVER),
         ]  # fmt: skip
     if name == "accelerate-fsdp":  # the repository's FSDP config, as a user would launch it
         return [
             sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "fsdp.yaml"),
-            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()), str(DRIVER),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()), str(DRIVER),
         ]  # fmt: skip
     if name == "accelerate-flag":
         return [
             sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(_free_port()), str(DRIVER),
+            "--main_process_port", str(free_port()), str(DRIVER),
         ]  # fmt: skip
     if name == "accelerate-cpu":
         return [

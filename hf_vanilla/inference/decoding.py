@@ -11,8 +11,8 @@ from hf_vanilla.inference.options import (
     EARLY_STOPPING,
     LENGTH_PENALTY_TYPES,
     DecodingOptions,
-    _refuse_non_finite,
     check_nbest,
+    refuse_non_finite,
 )
 
 __all__ = [
@@ -124,7 +124,7 @@ def generate_hypotheses(
             f"{wanted} best, pass nbest={wanted} (translate_nbest, hf-vanilla-translate --nbest {wanted})."
         )
     generate_kwargs.pop("num_return_sequences", None)
-    _refuse_non_finite({**asdict(options), **generate_kwargs})
+    refuse_non_finite({**asdict(options), **generate_kwargs})
     eos_id = _eos_id(model)
     kwargs = {**paper_generation_kwargs(options), **generate_kwargs}
     gnmt = options.length_penalty_type == "gnmt"

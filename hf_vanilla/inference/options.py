@@ -15,6 +15,7 @@ __all__ = [
     "DecodingOptions",
     "InferenceModelArguments",
     "check_nbest",
+    "refuse_non_finite",
 ]
 
 LENGTH_PENALTY_TYPES = ("hf", "gnmt")
@@ -54,7 +55,7 @@ class DecodingOptions:
                 f"`length_penalty_type` must be one of {LENGTH_PENALTY_TYPES}, got {self.length_penalty_type!r}: "
                 "'hf' = log P / |Y|^α inside beam search, 'gnmt' = log P / ((5 + |Y|) / 6)^α as n-best rescoring."
             )
-        _refuse_non_finite({"length_penalty": self.length_penalty})
+        refuse_non_finite({"length_penalty": self.length_penalty})
         if not isinstance(self.num_beams, int) or self.num_beams < 1:
             raise ValueError(f"`num_beams` must be a positive integer, got {self.num_beams!r}.")
         if self.length_penalty_type == "gnmt" and self.num_beams < 2:
@@ -81,7 +82,7 @@ class DecodingOptions:
         return {**asdict(self), "description": self.describe()}
 
 
-def _refuse_non_finite(options: dict[str, Any]) -> None:
+def refuse_non_finite(options: dict[str, Any]) -> None:
     """Raise ``ValueError`` naming the first decoding option that is a non-finite number (NaN or
     infinity decode into garbage without an error)."""
     for name, value in options.items():

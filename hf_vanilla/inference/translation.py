@@ -43,9 +43,9 @@ from hf_vanilla.inference.ctranslate2 import CTranslate2Model
 from hf_vanilla.inference.decoding import (
     DecodingOptions,
     Hypothesis,
-    _refuse_non_finite,
     check_nbest,
     generate_hypotheses,
+    refuse_non_finite,
 )
 from hf_vanilla.inference.loading import resolve_device
 
@@ -149,7 +149,7 @@ def translate_nbest(
     options = options or DecodingOptions()
     check_nbest(nbest, options.num_beams)
     generate_kwargs = dict(generate_kwargs or {})
-    _refuse_non_finite({**asdict(options), **generate_kwargs})
+    refuse_non_finite({**asdict(options), **generate_kwargs})
     ct2 = isinstance(model, CTranslate2Model)
     check_tokenizer_matches_config(tokenizer, model.config)  # both backends: a CTranslate2Model has one too
     if ct2:

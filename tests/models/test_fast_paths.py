@@ -72,15 +72,16 @@ def test_generation_through_onednn_equals_generation_through_f_linear(batch, mon
 
 def test_every_linear_of_an_inference_forward_is_offered_to_the_fast_path(batch, monkeypatch) -> None:
     """The output projection too: it is the largest matrix a decoding step reads (a refactor once left
-    it on F.linear, 6 ms of a 16 ms greedy step at base size)."""
+    it on F.linear, 6 ms of a 16 ms greedy step at base size). The layers stay ``nn.Linear``."""
     model = tiny_model()
     offered = []
+    original = fast_paths.linear
 
     def spy(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
         offered.append(module)
-        return fast_paths.linear(module, hidden_states)
+        return original(module, hidden_states)
 
-    monkeypatch.setattr(modeling_vanilla_transformer, "fast_linear", spy)
+    monkeypatch.setattr(fast_paths, "linear", spy)
     decoder_input_ids = batch["labels"].clamp(min=0)
     with torch.no_grad():
         model(
@@ -88,9 +89,17 @@ def test_every_linear_of_an_inference_forward_is_offered_to_the_fast_path(batch,
             attention_mask=batch["attention_mask"],
             decoder_input_ids=decoder_input_ids,
         )
-    linears = {id(module) for module in model.modules() if isinstance(module, nn.Linear)}
+    linears = {id(module) for module in model.modules() if type(module) is nn.Linear}
+    assert len(linears) == sum(isinstance(module, nn.Linear) for module in model.modules())
     assert {id(module) for module in offered} == linears
     assert any(module is model.lm_head for module in offered)
+
+    untied = tiny_model(tie_word_embeddings=False)  # resizing gives it a new output projection
+    untied.resize_token_embeddings(104)
+    offered.clear()
+    with torch.no_grad():
+        untied(input_ids=batch["input_ids"], decoder_input_ids=decoder_input_ids)
+    assert any(module is untied.lm_head for module in offered)
 
 
 def test_attention_gate_picks_matrix_products_only_for_many_rows_of_a_decoding_step() -> None:

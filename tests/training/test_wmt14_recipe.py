@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import _free_port
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "wmt14_en_de.sh"
@@ -91,13 +91,13 @@ def _finish(process: subprocess.Popen, timeout: float = 600) -> str:
 def test_two_nodes_match_one_process_and_a_killed_node_resumes(tmp_path: Path) -> None:
     data = _data(tmp_path / "data")
     # 1. Two nodes × 1 process × 4 pairs vs one process × 8 pairs, 6 steps: the same weights.
-    port = _free_port()
+    port = free_port()
     nodes = [_launch(tmp_path / "two", data, 2, r, port, 6, "--per_device_train_batch_size 4 --save_steps 3")
              for r in (0, 1)]  # fmt: skip
     for node in nodes:
         _finish(node)
     one = _launch(
-        tmp_path / "one", data, 1, 0, _free_port(), 6, "--per_device_train_batch_size 8 --save_steps 3"
+        tmp_path / "one", data, 1, 0, free_port(), 6, "--per_device_train_batch_size 8 --save_steps 3"
     )
     _finish(one)
     two_w = load_file(tmp_path / "two" / "train" / "model.safetensors")
@@ -110,7 +110,7 @@ def test_two_nodes_match_one_process_and_a_killed_node_resumes(tmp_path: Path) -
 
     # 2. Kill node 1 (its torchrun and worker) once a checkpoint exists: node 0 stops within the bound
     # with the recipe's one error line, and relaunching both nodes resumes from that checkpoint.
-    out, port = tmp_path / "killed", _free_port()
+    out, port = tmp_path / "killed", free_port()
     extra = "--per_device_train_batch_size 4 --save_steps 5 --logging_steps 1"
     nodes = [_launch(out, data, 2, r, port, 100000, extra) for r in (0, 1)]
     deadline = time.monotonic() + 300
@@ -127,7 +127,7 @@ def test_two_nodes_match_one_process_and_a_killed_node_resumes(tmp_path: Path) -
     assert len(errors) == 1 and "run the same command again on every node to resume" in errors[0], log[-4000:]
     checkpoints = sorted(int(p.name.split("-")[1]) for p in (out / "train").glob("checkpoint-*"))
     assert checkpoints, log[-4000:]
-    resumed_at, port = checkpoints[-1], _free_port()
+    resumed_at, port = checkpoints[-1], free_port()
     nodes = [_launch(out, data, 2, r, port, resumed_at + 5, extra) for r in (0, 1)]
     logs = [_finish(node) for node in nodes]
     assert f"checkpoint-{resumed_at}" in logs[0] and "--resume_from_checkpoint last" in logs[0]

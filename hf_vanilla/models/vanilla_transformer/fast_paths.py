@@ -2,13 +2,15 @@
 
 Each fast path computes exactly what its plain-PyTorch fallback computes (to floating-point
 rounding), only faster on the CPU; none of them is part of the paper, and none is a deviation from
-it. The modeling file calls each one in place of a stock operation, the way fairseq's layers call
+it. :func:`linear` is each ``nn.Linear``'s own ``forward`` (:func:`route_linears`, run once when a
+model is built, by :class:`FastLinearsMixin`), so the layers call ``self.q_proj(x)``; the modeling
+file calls each other one in place of a stock operation, the way fairseq's layers call
 ``self.dropout_module(x)``:
 
 ============================  ==============================================  =======================
 fast path                     plain fallback                                  what it buys
 ============================  ==============================================  =======================
-:func:`linear`                ``module(x)`` (a stock ``nn.Linear``)           oneDNN weight streaming
+:func:`linear`                the class ``forward`` (``F.linear``)            oneDNN weight streaming
                                                                               in fp32 CPU inference
 :func:`dropout`               ``F.dropout(x, p, training)``                   a mask from one 32-bit
                                                                               draw per two elements
@@ -38,6 +40,7 @@ This file imports only torch and transformers: it travels with the modeling file
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -106,13 +109,14 @@ def _stock_linear(module: nn.Module) -> bool:
     else: its type is ``nn.Linear`` itself (not a quantized, adapted or subclassed layer), its weight is
     a plain parameter (torchao's quantization keeps the ``nn.Linear`` and swaps its weight for a tensor
     subclass that dispatches ``F.linear`` to int8 kernels), no hook is registered on it or globally, and
-    no one replaced its ``forward`` (accelerate's hooks do)."""
+    no one replaced its ``forward`` but :func:`route_linears` (accelerate's hooks do)."""
+    forward = module.__dict__.get("forward")
     return (
         type(module) is nn.Linear
         and type(module.weight) is nn.Parameter
         and not (module._forward_hooks or module._forward_pre_hooks)
         and not (module._backward_hooks or module._backward_pre_hooks)
-        and "forward" not in module.__dict__
+        and (forward is None or _routed(forward))
         and not _global_hooks()
     )
 
@@ -141,10 +145,11 @@ ONEDNN_MIN_WEIGHT_ELEMENTS = 2**18
 
 
 def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """``module(hidden_states)``; for a stock ``nn.Linear`` in fp32 CPU inference (no autograd) with a
-    large weight, the same product through oneDNN (the kernel ``torch.compile`` uses on CPUs) instead
-    of ``F.linear``'s BLAS call. Decoding multiplies a few rows by each weight, so it streams weights
-    from memory, and there oneDNN is faster. Results equal ``F.linear``'s to rounding."""
+    """What the class ``forward`` of ``module`` computes (``F.linear`` for an ``nn.Linear``); for a stock
+    ``nn.Linear`` in fp32 CPU inference (no autograd) with a large weight, the same product through
+    oneDNN (the kernel ``torch.compile`` uses on CPUs) instead of ``F.linear``'s BLAS call. Decoding
+    multiplies a few rows by each weight, so it streams weights from memory, and there oneDNN is
+    faster. Results equal ``F.linear``'s to rounding."""
     if (
         _ONEDNN_LINEAR
         and enabled()
@@ -155,7 +160,40 @@ def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
         and not _transformed(hidden_states)
     ):
         return torch.ops.mkldnn._linear_pointwise(hidden_states, module.weight, module.bias, "none", [], "")
-    return module(hidden_states)
+    return type(module).forward(module, hidden_states)
+
+
+def _linear_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The ``forward`` that :func:`route_linears` gives a layer: :func:`linear` (looked up at each call)."""
+    return linear(module, hidden_states)
+
+
+def _routed(forward: object) -> bool:
+    return isinstance(forward, functools.partial) and forward.func is _linear_forward
+
+
+def route_linears(model: nn.Module) -> None:
+    """Enter :func:`linear` from the ``forward`` of every stock ``nn.Linear`` in ``model``, so that the
+    layers call ``self.q_proj(x)`` and the gate lives here, once.
+
+    The layer stays an ``nn.Linear`` (``quantize_dynamic({nn.Linear})``, PEFT, transformers' quantizers
+    and the state dict see the stock module); only its instance gets a ``forward`` attribute, as
+    accelerate's hooks and the ``kernels`` library's ``kernelize`` give one. Its hooks run around it as
+    around any ``forward``; a layer whose class someone changes afterwards runs that class's
+    ``forward``. The model routes a new output projection too (``set_output_embeddings``, which the
+    vocabulary resizing uses)."""
+    for module in model.modules():
+        if type(module) is nn.Linear and "forward" not in module.__dict__:
+            module.forward = functools.partial(_linear_forward, module)
+
+
+class FastLinearsMixin:
+    """For a ``PreTrainedModel``: transformers' ``post_init``, then :func:`route_linears` (the modeling
+    file's one entry to the linear fast path)."""
+
+    def post_init(self) -> None:
+        super().post_init()
+        route_linears(self)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ checks and resizing in :mod:`vocabulary_vanilla_transformer`, ``save_pretrained`
 :mod:`saving_vanilla_transformer`), so a saved folder loads with ``trust_remote_code=True`` alone.
 
 CPU speed-ups are not here: attention reaches its kernel through transformers' attention interface
-(``ATTENTION_FUNCTIONS``), and the layers call :mod:`fast_paths` (``fast_linear(self.q_proj, x)`` for
-``self.q_proj(x)``, …), each computing what its stock fallback computes, which it takes wherever it
-was not measured or would be visible. ``HF_VANILLA_FAST_PATHS=0`` (read at import) or
+(``ATTENTION_FUNCTIONS``), the linear layers (``self.q_proj(x)``) through the ``forward`` that
+``fast_paths.FastLinearsMixin`` gives them, the rest through calls to :mod:`fast_paths`, each computing
+what its stock fallback computes, which it takes wherever it was not measured or would be visible. ``HF_VANILLA_FAST_PATHS=0`` (read at import) or
 ``fast_paths.set_enabled(False)`` turns them all off.
 
 Deviations from the paper (each a deliberate, documented choice):
@@ -76,11 +76,10 @@ from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .fast_paths import FastLinearsMixin, route_linears, update_self_attention_cache
 from .fast_paths import attention_interface as fast_attention_interface
 from .fast_paths import dropout as fast_dropout
-from .fast_paths import linear as fast_linear
 from .fast_paths import linear_cross_entropy as fast_linear_cross_entropy
-from .fast_paths import update_self_attention_cache
 from .generation_vanilla_transformer import VanillaTransformerGenerationMixin
 from .saving_vanilla_transformer import VanillaTransformerSavingMixin
 from .vocabulary_vanilla_transformer import (
@@ -276,7 +275,7 @@ class VanillaTransformerAttention(nn.Module):
         """
         batch, length, _ = hidden_states.shape
         is_cross = key_value_states is not None
-        query = fast_linear(self.q_proj, hidden_states)  # (B, T, D)
+        query = self.q_proj(hidden_states)  # (B, T, D)
 
         if is_cross and cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change during decoding: its K/V were computed at step 1.
@@ -285,8 +284,8 @@ class VanillaTransformerAttention(nn.Module):
         else:
             source = key_value_states if is_cross else hidden_states  # (B, K, D)
             kv_shape = (source.shape[0], source.shape[1], self.num_heads, self.head_dim)
-            key = fast_linear(self.k_proj, source).view(kv_shape).transpose(1, 2)  # (B, H, K, Dh)
-            value = fast_linear(self.v_proj, source).view(kv_shape).transpose(1, 2)
+            key = self.k_proj(source).view(kv_shape).transpose(1, 2)  # (B, H, K, Dh)
+            value = self.v_proj(source).view(kv_shape).transpose(1, 2)
             if cache is not None and is_cross:
                 key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
                 cache.is_updated[self.layer_idx] = True
@@ -315,7 +314,7 @@ class VanillaTransformerAttention(nn.Module):
         output = output.reshape(batch, length, -1)  # Concat(head_1, …, head_h): (B, T, D)
         if weights is not None and groups > 1:  # (B/k, H, k·T, K) → (B, H, T, K)
             weights = weights.unflatten(2, (groups, length)).transpose(1, 2).flatten(0, 1)
-        return fast_linear(self.out_proj, output), weights
+        return self.out_proj(output), weights
 
 
 # --------------------------------------------------------------------------------------------------
@@ -337,9 +336,9 @@ class _PostLNSublayers(GradientCheckpointingLayer):
     def _ff_block(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """§3.3 Eq. (2): FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (``fc1``, ``fc2``), (…, D) → (…, D)
         through (…, F). ``activation_dropout`` (0 in the paper) is for imported checkpoints."""
-        hidden_states = self.activation_fn(fast_linear(self.fc1, hidden_states))  # (…, F)
+        hidden_states = self.activation_fn(self.fc1(hidden_states))  # (…, F)
         hidden_states = fast_dropout(hidden_states, self.activation_dropout, self.training)
-        return fast_linear(self.fc2, hidden_states)
+        return self.fc2(hidden_states)
 
 
 class VanillaTransformerEncoderLayer(_PostLNSublayers):
@@ -419,7 +418,7 @@ class VanillaTransformerDecoderLayer(_PostLNSublayers):
 # --------------------------------------------------------------------------------------------------
 # The pre-trained model base: initialisation (deviation 1) and HF capabilities
 # --------------------------------------------------------------------------------------------------
-class VanillaTransformerPreTrainedModel(VanillaTransformerSavingMixin, PreTrainedModel):
+class VanillaTransformerPreTrainedModel(VanillaTransformerSavingMixin, FastLinearsMixin, PreTrainedModel):
     """Weight initialisation and the capabilities declared to transformers."""
 
     config_class = VanillaTransformerConfig
@@ -788,6 +787,7 @@ class VanillaTransformerForConditionalGeneration(
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
+        route_linears(new_embeddings)  # a stock nn.Linear gets the CPU fast path, as at construction
 
     def get_encoder(self, modality: str | None = None) -> VanillaTransformerEncoder:
         return self.model.encoder
@@ -861,7 +861,7 @@ class VanillaTransformerForConditionalGeneration(
             if fused is not None:
                 total, logits = fused  # logits (B, T, V)
         if total is None:
-            logits = fast_linear(self.lm_head, hidden_states)  # (B, T, V): §3.4 the pre-softmax projection
+            logits = self.lm_head(hidden_states)  # (B, T, V): §3.4 the pre-softmax projection
             if bias is not None:
                 logits = logits + bias
             if labels is not None:

@@ -97,8 +97,10 @@ class VanillaTransformerVocabularyMixin:
             self.get_input_embeddings(), new_num_tokens, pad_to_multiple_of, mean_resizing
         )
         if self.config.share_encoder_decoder_embeddings and not self.config.tie_word_embeddings:
-            self.lm_head = self._get_resized_lm_head(
-                self.lm_head, embeddings.num_embeddings, mean_resizing=mean_resizing
+            self.set_output_embeddings(
+                self._get_resized_lm_head(
+                    self.lm_head, embeddings.num_embeddings, mean_resizing=mean_resizing
+                )
             )
         return embeddings
 
@@ -117,8 +119,10 @@ class VanillaTransformerVocabularyMixin:
             self.model.decoder.embed_tokens, new_num_tokens, pad_to_multiple_of, mean_resizing
         )
         if not self.config.tie_word_embeddings:
-            self.lm_head = self._get_resized_lm_head(
-                self.lm_head, embeddings.num_embeddings, mean_resizing=mean_resizing
+            self.set_output_embeddings(
+                self._get_resized_lm_head(
+                    self.lm_head, embeddings.num_embeddings, mean_resizing=mean_resizing
+                )
             )
         self.config.decoder_vocab_size = embeddings.num_embeddings
         self.tie_weights()
