@@ -230,7 +230,8 @@ def _beam_search_dropping_finished(
         model_kwargs = model._update_model_kwargs_for_generation(
             model_outputs, model_kwargs, is_encoder_decoder=True
         )
-        logits = model_outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=device)
+        # no copy (transformers copies to free the logits early: here nothing else keeps them)
+        logits = model_outputs.logits[:, -1, :].to(dtype=torch.float32, device=device)
         model_outputs = None
         log_probs = logits_processor(flat_running_sequences, torch.nn.functional.log_softmax(logits, dim=-1))
         active = open_.shape[0]
