@@ -257,6 +257,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "load": load,
             }
             results["runs"].append(record)
+            if args.json_out:  # after every run: a block cut short by a time limit keeps what it measured
+                Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
             sys.stdout.write(f"{case.name}: {seconds:.2f} s, BLEU {record['bleu']}, load {load:.2f}\n")
             sys.stdout.flush()
     return results
@@ -306,9 +308,7 @@ def main() -> None:
         return
     if not args.model_dir:
         parser.error("--model_dir is required (or --summarize)")
-    results = run(args)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
+    run(args)
 
 
 if __name__ == "__main__":
