@@ -15,7 +15,11 @@ import math
 import torch
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
+from transformers.generation import logits_process, stopping_criteria
+from transformers.generation.stopping_criteria import StoppingCriteriaList
+from transformers.utils import ModelOutput
 
+from . import fast_paths
 from .fast_paths import reorder_self_attention_cache
 
 #: §6.1: "We set the maximum output length during inference to input length + 50".
@@ -82,6 +86,10 @@ class _SourceLengthBound(LogitsProcessor):
         bounded[:, self.eos_token_id] = torch.where(done, eos_scores, scores[:, self.eos_token_id])
         return bounded
 
+    def keep(self, sentences: torch.Tensor) -> None:
+        """Only these sentences (indices into the current ones) go on being decoded."""
+        self.limits = self.limits[sentences.to(self.limits.device)]
+
 
 def _one_row_per_hypothesis(cache: EncoderDecoderCache) -> None:
     """Give the cross-attention entries of a cache that ``generate()`` returns one row per hypothesis,
@@ -97,6 +105,232 @@ def _one_row_per_hypothesis(cache: EncoderDecoderCache) -> None:
             hypotheses = rows // layer.keys.shape[0]
             layer.keys = layer.keys.repeat_interleave(hypotheses, dim=0)
             layer.values = layer.values.repeat_interleave(hypotheses, dim=0)
+
+
+#: Logits processors and stopping criteria that treat every row on its own, without state that
+#: follows the row's place in the batch: beam search may drop finished sentences' rows under them.
+_ROW_WISE = (
+    _SourceLengthBound,
+    logits_process.MinLengthLogitsProcessor,
+    logits_process.MinNewTokensLengthLogitsProcessor,
+    logits_process.NoRepeatNGramLogitsProcessor,
+    logits_process.RepetitionPenaltyLogitsProcessor,
+    logits_process.NoBadWordsLogitsProcessor,
+    logits_process.ForcedBOSTokenLogitsProcessor,
+    logits_process.ForcedEOSTokenLogitsProcessor,
+    logits_process.SuppressTokensLogitsProcessor,
+    logits_process.SuppressTokensAtBeginLogitsProcessor,
+    stopping_criteria.MaxLengthCriteria,
+    stopping_criteria.MaxTimeCriteria,
+    stopping_criteria.EosTokenCriteria,
+)
+#: What ``generate()`` hands beam search in ``model_kwargs`` for this model; anything else (an input
+#: the search would have to follow row by row) keeps transformers' own loop.
+_KNOWN_KWARGS = {
+    "attention_mask",
+    "encoder_outputs",
+    "cache",
+    "use_cache",
+    "output_attentions",
+    "output_hidden_states",
+}
+
+
+def _keep(value: object, sentences: torch.Tensor, rows: torch.Tensor, active: int, beams: int) -> object:
+    """``value`` (a tensor, a model output or a tuple of them) for the kept ``sentences`` (indices into
+    the ``active`` ones): a tensor with one row per sentence keeps ``sentences``, one with a row per
+    hypothesis (``beams`` per sentence, consecutive) keeps ``rows``; anything else stays as it is."""
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] in (active, active * beams):
+        index = sentences if value.shape[0] == active else rows
+        return value.index_select(0, index.to(value.device))
+    if isinstance(value, ModelOutput):
+        for key in list(value.keys()):
+            value[key] = _keep(value[key], sentences, rows, active, beams)
+        return value
+    if isinstance(value, tuple):
+        return tuple(_keep(item, sentences, rows, active, beams) for item in value)
+    return value
+
+
+def _keep_cross_attention(
+    cache: EncoderDecoderCache, sentences: torch.Tensor, rows: torch.Tensor, active: int, beams: int
+) -> None:
+    """The cross-attention entries of the kept sentences (one row per sentence, shared by its
+    hypotheses, or one per hypothesis where the encoder output was given expanded)."""
+    for layer in cache.cross_attention_cache.layers:
+        if layer.is_initialized:
+            layer.keys = _keep(layer.keys, sentences, rows, active, beams)
+            layer.values = _keep(layer.values, sentences, rows, active, beams)
+
+
+def _search_over(
+    unsatisfied: torch.Tensor, is_sent_finished: torch.Tensor, early_stopping: bool | str
+) -> torch.Tensor:
+    """(B,) whether each sentence's n-best list is final: no running hypothesis can still enter it
+    (transformers' early-stop state), or with ``early_stopping=True`` all its beams have finished
+    (``_update_finished_beams`` then admits no new hypothesis)."""
+    over = ~unsatisfied[:, 0]
+    if early_stopping is True:
+        over = over | is_sent_finished.all(dim=-1)
+    return over
+
+
+def _beam_search_dropping_finished(
+    model: GenerationMixin,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    **model_kwargs: object,
+) -> torch.Tensor:
+    """``GenerationMixin._beam_search`` (deterministic, sequences only) that stops decoding a sentence
+    as soon as its n-best list is final: its rows leave the batch, the cache and the encoder output,
+    and its finished hypotheses wait in the output. Each step runs transformers' own helpers on the
+    sentences still open, in the same order, so every sentence gets the hypotheses transformers'
+    loop returns; the rows it drops are the ones that loop goes on computing without effect."""
+    pad_token_id = generation_config._pad_token_tensor
+    eos_token_id = generation_config._eos_token_tensor
+    early_stopping = generation_config.early_stopping
+    length_penalty = generation_config.length_penalty
+    max_length = generation_config.max_length
+    beams = generation_config.num_beams
+    device = input_ids.device
+    batch_size, cur_len = input_ids.shape[0] // beams, input_ids.shape[1]
+    decoder_prompt_len = cur_len
+    beams_to_keep = max(2, 1 + (eos_token_id.shape[0] if eos_token_id is not None else 0)) * beams
+    top_num_beam_mask = torch.arange(beams_to_keep, device=device) < beams
+
+    fill = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1
+    running_sequences = torch.full((batch_size, beams, max_length), fill, dtype=torch.int64, device=device)
+    running_sequences[:, :, :cur_len] = model._unflatten_beam_dim(input_ids, batch_size, beams)
+    sequences = running_sequences.detach().clone()
+    running_beam_scores = torch.zeros((batch_size, beams), dtype=torch.float, device=device)
+    running_beam_scores[:, 1:] = -1e9
+    beam_scores = torch.full((batch_size, beams), fill_value=-1e9, dtype=torch.float, device=device)
+    is_sent_finished = torch.zeros((batch_size, beams), dtype=torch.bool, device=device)
+    unsatisfied = torch.ones((batch_size, 1), dtype=torch.bool, device=device)
+    running_beam_indices = torch.full(
+        (batch_size, beams, max_length - cur_len), fill_value=-1, dtype=torch.int32, device=device
+    )
+    beam_indices = running_beam_indices.detach().clone()
+    # The output of every sentence, written when its search is over; `open_` maps the sentences still
+    # decoded (rows of the tensors above) to their place in the batch.
+    final_sequences, final_beam_indices = sequences.clone(), beam_indices.clone()
+    open_ = torch.arange(batch_size, device=device)
+
+    flat_running_sequences = input_ids
+    model_outputs = model._prefill(input_ids, generation_config, model_kwargs)
+    while True:
+        if model_outputs is None:
+            flat_running_sequences = model._flatten_beam_dim(running_sequences[:, :, :cur_len])
+            model_inputs = model.prepare_inputs_for_generation(
+                flat_running_sequences, next_sequence_length=1, **model_kwargs
+            )
+            model_outputs = model(**model_inputs, return_dict=True)
+        model_kwargs = model._update_model_kwargs_for_generation(
+            model_outputs, model_kwargs, is_encoder_decoder=True
+        )
+        # no copy (transformers copies to free the logits early: here nothing else keeps them)
+        logits = model_outputs.logits[:, -1, :].to(dtype=torch.float32, device=device)
+        model_outputs = None
+        log_probs = logits_processor(flat_running_sequences, torch.nn.functional.log_softmax(logits, dim=-1))
+        active = open_.shape[0]
+        log_probs = model._unflatten_beam_dim(log_probs, active, beams) + running_beam_scores[:, :, None]
+        log_probs = torch.reshape(log_probs, (active, -1))
+
+        topk_log_probs, topk_running_sequences, topk_running_beam_indices = model._get_top_k_continuations(
+            accumulated_log_probs=log_probs,
+            running_sequences=running_sequences,
+            running_beam_indices=running_beam_indices,
+            cur_len=cur_len,
+            decoder_prompt_len=decoder_prompt_len,
+            do_sample=False,
+            beams_to_keep=beams_to_keep,
+            num_beams=beams,
+            batch_size=active,
+        )
+        hits = stopping_criteria(model._flatten_beam_dim(topk_running_sequences[:, :, : cur_len + 1]), None)
+        hits = model._unflatten_beam_dim(hits, active, beams_to_keep)
+        running_sequences, running_beam_scores, running_beam_indices = (
+            model._get_running_beams_for_next_iteration(
+                topk_log_probs=topk_log_probs,
+                topk_running_sequences=topk_running_sequences,
+                topk_running_beam_indices=topk_running_beam_indices,
+                next_token_hits_stopping_criteria=hits,
+                num_beams=beams,
+            )
+        )
+        sequences, beam_scores, beam_indices, is_sent_finished = model._update_finished_beams(
+            sequences=sequences,
+            topk_running_sequences=topk_running_sequences,
+            beam_scores=beam_scores,
+            topk_log_probs=topk_log_probs,
+            beam_indices=beam_indices,
+            topk_running_beam_indices=topk_running_beam_indices,
+            is_early_stop_heuristic_unsatisfied=unsatisfied,
+            is_sent_finished=is_sent_finished,
+            next_token_hits_stopping_criteria=hits,
+            top_num_beam_mask=top_num_beam_mask,
+            num_beams=beams,
+            cur_len=cur_len,
+            decoder_prompt_len=decoder_prompt_len,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+        )
+        beam_idx = model._flatten_beam_dim(running_beam_indices[..., cur_len - decoder_prompt_len])
+        cur_len = cur_len + 1
+        unsatisfied = model._check_early_stop_heuristic(
+            is_early_stop_heuristic_unsatisfied=unsatisfied,
+            running_beam_scores=running_beam_scores,
+            beam_scores=beam_scores,
+            is_sent_finished=is_sent_finished,
+            cur_len=cur_len,
+            max_length=max_length,
+            decoder_prompt_len=decoder_prompt_len,
+            early_stopping=early_stopping,
+            length_penalty=length_penalty,
+        )
+        going_on = model._beam_search_has_unfinished_sequences(
+            unsatisfied, is_sent_finished, hits, early_stopping
+        )
+        over = _search_over(unsatisfied, is_sent_finished, early_stopping)
+        if not going_on or bool(over.all()):
+            break
+        cache = model_kwargs["cache"]
+        if not bool(over.any()):
+            model_kwargs["cache"] = model._reorder_cache(cache, beam_idx)
+            continue
+        # Those sentences' lists are final: write them out and go on with the others only.
+        final_sequences[open_[over]] = sequences[over]
+        final_beam_indices[open_[over]] = beam_indices[over]
+        kept = (~over).nonzero().squeeze(1)
+        rows = (kept[:, None] * beams + torch.arange(beams, device=device)).flatten()
+        state = (running_sequences, running_beam_scores, running_beam_indices, sequences, beam_scores)
+        running_sequences, running_beam_scores, running_beam_indices, sequences, beam_scores = (
+            tensor.index_select(0, kept) for tensor in state
+        )
+        beam_indices, is_sent_finished, unsatisfied = (
+            tensor.index_select(0, kept) for tensor in (beam_indices, is_sent_finished, unsatisfied)
+        )
+        # One gather both reorders the self-attention cache and drops the rows (beam_idx numbers the
+        # rows before dropping); the cross-attention entries never move between sentences.
+        reorder_self_attention_cache(cache.self_attention_cache, beam_idx.index_select(0, rows))
+        _keep_cross_attention(cache, kept, rows, active, beams)
+        for key in ("attention_mask", "encoder_outputs"):
+            if model_kwargs.get(key) is not None:
+                model_kwargs[key] = _keep(model_kwargs[key], kept, rows, active, beams)
+        for processor in logits_processor:
+            if isinstance(processor, _SourceLengthBound):
+                processor.keep(kept)
+        open_ = open_[kept]
+
+    final_sequences[open_] = sequences
+    final_beam_indices[open_] = beam_indices
+    returned = generation_config.num_return_sequences
+    sequences = model._flatten_beam_dim(final_sequences[:, :returned, :])
+    beam_indices = model._flatten_beam_dim(final_beam_indices[:, :returned, :])
+    max_generated_length = ((beam_indices + 1).bool()).sum(dim=1).max()
+    return sequences[:, : decoder_prompt_len + max_generated_length]
 
 
 class VanillaTransformerGenerationMixin(GenerationMixin):
@@ -115,6 +349,56 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         # Ours, not derived from the model config: saved and loaded with its custom key (transformers
         # drops keys it does not know from a config marked as derived from the model config).
         self.generation_config._from_model_config = False
+
+    #: Beam search stops decoding each sentence once its n-best list is final (see
+    #: ``_beam_search_dropping_finished``); ``False`` runs transformers' own loop, which returns the
+    #: same sequences and goes on computing those rows. ``HF_VANILLA_FAST_PATHS=0`` also turns it off.
+    drop_finished_sentences: bool = True
+
+    def _drops_finished_sentences(
+        self,
+        logits_processor: LogitsProcessorList,
+        stopping_criteria: StoppingCriteriaList,
+        generation_config: GenerationConfig,
+        synced_gpus: bool,
+        model_kwargs: dict[str, object],
+    ) -> bool:
+        """Whether this beam search may drop finished sentences: deterministic, returning sequences
+        only (no scores, cache or attentions), a fresh cache, and only row-wise processors and inputs."""
+        cache = model_kwargs.get("cache")
+        return (
+            self.drop_finished_sentences
+            and fast_paths.enabled()
+            and not (synced_gpus or generation_config.do_sample or generation_config.return_dict_in_generate)
+            and getattr(generation_config, "prefill_chunk_size", None) is None
+            and not getattr(generation_config, "is_assistant", False)
+            and bool(model_kwargs.get("use_cache"))
+            and isinstance(cache, EncoderDecoderCache)
+            and cache.get_seq_length() == 0
+            and set(model_kwargs) <= _KNOWN_KWARGS
+            and all(type(item) in _ROW_WISE for item in (*logits_processor, *stopping_criteria))
+        )
+
+    def _beam_search(
+        self,
+        input_ids: torch.Tensor,
+        logits_processor: LogitsProcessorList,
+        stopping_criteria: StoppingCriteriaList,
+        generation_config: GenerationConfig,
+        synced_gpus: bool = False,
+        **model_kwargs: object,
+    ) -> object:
+        """transformers' beam search, or the same search without the rows of sentences whose n-best
+        list is final where :meth:`_drops_finished_sentences` allows it (same sequences)."""
+        if self._drops_finished_sentences(
+            logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
+        ):
+            return _beam_search_dropping_finished(
+                self, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
+            )
+        return super()._beam_search(
+            input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
+        )
 
     def _expand_inputs_for_generation(
         self,

@@ -1,0 +1,87 @@
+"""Beam search that stops decoding finished sentences (issue 27) returns transformers' own sequences."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import tiny_model
+
+from hf_vanilla import VanillaTransformerForConditionalGeneration
+
+
+def ending_model(seed: int) -> VanillaTransformerForConditionalGeneration:
+    """A tiny random model whose hypotheses end at lengths from 1 to the bound (peaked distributions,
+    a fixed logit bias on </s>), as a trained model's do (benchmarks/early_stopping.py)."""
+    model = tiny_model(seed, init_std=0.5, final_logits_bias=True)
+    with torch.no_grad():
+        model.final_logits_bias[0, model.config.eos_token_id] = 6.0
+    return model
+
+
+def sources(seed: int, sentences: int = 12) -> dict[str, torch.Tensor]:
+    """Right-padded random sources of 2 to 14 tokens, the last one </s>."""
+    generator = torch.Generator().manual_seed(100 + seed)
+    lengths = torch.randint(2, 15, (sentences,), generator=generator).tolist()
+    input_ids = torch.zeros(sentences, max(lengths), dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, n in enumerate(lengths):
+        input_ids[i, : n - 1] = torch.randint(4, 99, (n - 1,), generator=generator)
+        input_ids[i, n - 1] = 2
+        attention_mask[i, :n] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def generate(
+    model: VanillaTransformerForConditionalGeneration, drop: bool, **kwargs: object
+) -> tuple[torch.Tensor, int]:
+    """The sequences, and the decoder rows the forward passes computed in all."""
+    rows = []
+    forward = model.forward
+
+    def counted(*args: object, **inner: object) -> object:
+        rows.append(inner["decoder_input_ids"].shape[0])
+        return forward(*args, **inner)
+
+    model.drop_finished_sentences = drop
+    model.forward = counted
+    try:
+        with torch.inference_mode():
+            return model.generate(**kwargs), sum(rows)
+    finally:
+        del model.forward
+        del model.drop_finished_sentences
+
+
+@pytest.mark.parametrize("early_stopping", ["never", True, False])
+@pytest.mark.parametrize("seed", [0, 2, 3])
+def test_same_sequences_fewer_rows(seed: int, early_stopping: bool | str) -> None:
+    model = ending_model(seed)
+    batch = sources(seed)
+    kwargs = {**batch, "num_beams": 4, "early_stopping": early_stopping}
+    reference, reference_rows = generate(model, False, **kwargs)
+    fast, fast_rows = generate(model, True, **kwargs)
+    assert torch.equal(fast, reference)
+    assert fast_rows < reference_rows  # finished sentences were not computed
+
+
+def test_same_nbest_lists() -> None:
+    """The n best of each sentence are the same; only hypotheses with exactly equal scores may come
+    in another order (transformers' loop sorts a final list again at every later step)."""
+    model = ending_model(3)
+    kwargs = {**sources(3), "num_beams": 4, "num_return_sequences": 3, "length_penalty": 1.0}
+    fast, reference = generate(model, True, **kwargs)[0], generate(model, False, **kwargs)[0]
+    assert fast.shape == reference.shape
+    for sentence in range(fast.shape[0] // 3):
+        rows = slice(3 * sentence, 3 * sentence + 3)
+        assert sorted(fast[rows].tolist()) == sorted(reference[rows].tolist())
+
+
+def test_scores_keep_transformers_loop() -> None:
+    """With scores asked for, every row's scores are returned: the search keeps transformers' loop."""
+    model = ending_model(0)
+    kwargs = {**sources(0), "num_beams": 4, "output_scores": True, "return_dict_in_generate": True}
+    with torch.inference_mode():
+        reference = model.generate(**kwargs)
+    fast, rows = generate(model, True, **kwargs)
+    assert torch.equal(fast.sequences, reference.sequences)
+    assert rows == generate(model, False, **kwargs)[1]
