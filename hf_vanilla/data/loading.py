@@ -22,6 +22,12 @@ only, so a stray `\\r` or U+2028 inside a sentence stays put) and then leading a
 (`str.strip()`). Whitespace inside a sentence is kept as is. Multi30k has 40 German training lines
 ending in a space; they lose it, which changes no word. A UTF-8 byte-order mark at the start of a file
 is dropped; a line that is not UTF-8 text is refused naming the file and line.
+
+Memory: local files are read line by line and streamed into an Arrow file in the `datasets` cache
+(`Dataset.from_generator`, written batch by batch, then memory-mapped), so no stage holds the corpus
+in Python objects; the file is keyed by the paths, sizes and modification times of the text files and
+reused by a later load of the same files (delete `$HF_DATASETS_CACHE/generator` to free the space, about
+the size of the text). A pipe (bash's `<(...)`) is read into memory instead (see `load_local_files`).
 """
 
 from __future__ import annotations
