@@ -13,7 +13,8 @@ words. The tokenizer is the paper's 37 k shared byte-level BPE.
 commands and APIs. Two peaks: ``peak_gb`` is ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, all
 resident pages, those of memory-mapped Arrow files included (the kernel's page cache, dropped under
 memory pressure); ``peak_anon_gb`` is the largest ``RssAnon`` (the process's own memory: Python
-objects, buffers), sampled every 0.1 s.
+objects, buffers), sampled every 0.1 s. ``cpu_s`` is the process's CPU time (all threads, imports
+included), which the machine's load does not inflate as it does the wall time.
 
 1. ``corpus``: write ``train.en``/``train.de`` (not part of the data path; timed for information).
 2. ``read``: stream the text into an Arrow file in an empty `datasets` cache
@@ -267,6 +268,8 @@ def run_stage(name: str, work: Path, pairs: int, batches: int) -> dict[str, Any]
     result.setdefault("wall_s", time.time() - begin)
     result.update(stage=name, pairs=pairs, peak_gb=peak_gb(), process_s=time.time() - START)
     result["peak_anon_gb"] = anon.peak / 2**20
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result["cpu_s"] = usage.ru_utime + usage.ru_stime  # all threads, imports included: load-independent
     return result
 
 
