@@ -523,7 +523,7 @@ def _format_of(path: Path) -> str | None:
     return None
 
 
-def split_reader(
+def _split_reader(
     files: Sequence[str], source_lang: str, target_lang: str
 ) -> tuple[list[Path], Callable[[], Iterator[Pair]]]:
     """The files of one split given in any of the local forms (see the module docstring), and a function
@@ -573,7 +573,7 @@ def split_reader(
 
 def read_split_files(files: Sequence[str], source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
     """Read one split given in any of the local forms (see the module docstring) into two lists."""
-    return _lists(split_reader(files, source_lang, target_lang)[1]())
+    return _lists(_split_reader(files, source_lang, target_lang)[1]())
 
 
 def pair_location(files: Sequence[str], source_lang: str, target_lang: str, index: int) -> str:
@@ -599,7 +599,7 @@ def pair_location(files: Sequence[str], source_lang: str, target_lang: str, inde
 def _text_fingerprint(paths: Sequence[Path], split: str, source_lang: str, target_lang: str) -> str:
     """The key of a split's text in the `datasets` cache: each file's path, size and modification time
     (as the tokenized-data cache keys them, hf_vanilla.data.cache), the split and the languages."""
-    stamps = [[str(path.resolve()), (stat := path.stat()).st_size, stat.st_mtime_ns] for path in paths]
+    stamps = [[str(path.resolve()), (info := path.stat()).st_size, info.st_mtime_ns] for path in paths]
     key = {"format": TEXT_FORMAT, "files": stamps, "split": split, "langs": [source_lang, target_lang]}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:32]
 
@@ -661,7 +661,7 @@ def load_local_files(
         raise ValueError(f"Unknown split names {sorted(unknown)}; use {list(SPLITS)}.")
     out = {}
     for split, files in split_files.items():
-        paths, pairs = split_reader(files, source_lang, target_lang)
+        paths, pairs = _split_reader(files, source_lang, target_lang)
         if _regular_files(paths):
             fingerprint = _text_fingerprint(paths, split, source_lang, target_lang)
             dataset = _stream_to_arrow(pairs, fingerprint, split, source_lang, target_lang)
