@@ -38,7 +38,7 @@ its own loader process, so the target (data path ≥ 3× what the GPUs consume) 
 process: one loader's rate ≥ 3 × 78 k tokens/s.
 
 Run ``python benchmarks/data_path.py --pairs 500000 1500000 4500000 --workdir /tmp/dp`` (the work
-folder holds the corpus, its Arrow copy, tokenizer, cache and run: ≈ 5 GB at 4.5 M pairs; delete it
+folder holds the corpus, its Arrow copy, tokenizer, cache and run: ≈ 6 GB at 4.5 M pairs; delete it
 afterwards).
 """
 
@@ -294,7 +294,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pairs", type=int, nargs="+", default=[500_000, 1_500_000, 4_500_000])
-    parser.add_argument("--workdir", type=Path, required=True, help="Scratch folder (≈ 5 GB at 4.5 M pairs).")
+    parser.add_argument("--workdir", type=Path, required=True, help="Scratch folder (≈ 6 GB at 4.5 M pairs).")
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     parser.add_argument("--batches", type=int, default=3000, help="Batches timed through the DataLoader.")
     parser.add_argument("--gpu_tokens_per_s", type=float, default=PAPER_8_GPU_TOKENS_PER_S)
