@@ -9,18 +9,25 @@ mean of ≈ 25), clipped to 1–250 words; the German side has the English lengt
 lower-case "words" of 2–12 letters per language, so the BPE sees a realistic long tail of rare
 words. The tokenizer is the paper's 37 k shared byte-level BPE.
 
-**The stages** run each in a fresh process (so that each peak memory is its own, read with
-``resource.getrusage(RUSAGE_SELF).ru_maxrss``) through the public commands and APIs:
+**The stages** run each in a fresh process (so that each peak memory is its own) through the public
+commands and APIs. Two peaks: ``peak_gb`` is ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, all
+resident pages, those of memory-mapped Arrow files included (the kernel's page cache, dropped under
+memory pressure); ``peak_anon_gb`` is the largest ``RssAnon`` (the process's own memory: Python
+objects, buffers), sampled every 0.1 s. ``cpu_s`` is the process's CPU time (all threads, imports
+included), which the machine's load does not inflate as it does the wall time.
 
 1. ``corpus``: write ``train.en``/``train.de`` (not part of the data path; timed for information).
-2. ``tokenizer``: ``hf-vanilla-train-tokenizer --vocab_size 37000`` (strided ≤ 1 M-pair sample).
-3. ``tokenize``: read the text and tokenize it into an empty cache
+2. ``read``: stream the text into an Arrow file in an empty `datasets` cache
+   (:func:`hf_vanilla.data.loading.load_from_args`; ``HF_DATASETS_CACHE`` is the work folder's
+   ``hf_datasets``), which the later stages find there, as a user's later commands do.
+3. ``tokenizer``: ``hf-vanilla-train-tokenizer --vocab_size 37000`` (strided ≤ 1 M-pair sample).
+4. ``tokenize``: tokenize the text into an empty cache
    (:func:`hf_vanilla.data.cache.cached_tokenization`, as ``hf-vanilla-train`` does).
-4. ``batching``: a new process finds the warm cache (memory-mapped), builds one epoch of token-budget
+5. ``batching``: a new process finds the warm cache (memory-mapped), builds one epoch of token-budget
    batches of the whole corpus (``TokenBudgetBatchSampler``, 6250 tokens: the paper's 25 k + 25 k over
    8 GPUs) and runs ``--batches`` of them through the Trainer's collator in a ``DataLoader``: the
    data path's token rate, one loader process.
-5. ``first_steps``: ``hf-vanilla-train --preset base`` on the warm cache, 1 step: the time from the
+6. ``first_steps``: ``hf-vanilla-train --preset base`` on the warm cache, 1 step: the time from the
    process start to the first training step, and the steps' time (CPU: for information only).
 
 **What 8 GPUs consume** (the ``--gpu_tokens_per_s`` assumption): the paper trained base on 8 P100
@@ -31,7 +38,8 @@ its own loader process, so the target (data path ≥ 3× what the GPUs consume) 
 process: one loader's rate ≥ 3 × 78 k tokens/s.
 
 Run ``python benchmarks/data_path.py --pairs 500000 1500000 4500000 --workdir /tmp/dp`` (the work
-folder holds the corpus, tokenizer, cache and run: ≈ 3 GB at 4.5 M pairs; delete it afterwards).
+folder holds the corpus, its Arrow copy, tokenizer, cache and run: ≈ 6 GB at 4.5 M pairs; delete it
+afterwards).
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ import resource  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -58,6 +67,21 @@ PAPER_8_GPU_TOKENS_PER_S = 5 * 50000 / 0.4  # Vaswani et al. §5.2 × Ott et al.
 
 def peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+class AnonPeak(threading.Thread):
+    """The largest ``RssAnon`` of this process, sampled every 0.1 s (the kernel keeps no peak of it)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak = 0
+
+    def run(self) -> None:
+        while True:
+            with open("/proc/self/status") as handle:
+                kib = next(int(line.split()[1]) for line in handle if line.startswith("RssAnon:"))
+            self.peak = max(self.peak, kib)
+            time.sleep(0.1)
 
 
 def rss_gb() -> float:
@@ -107,6 +131,18 @@ def stage_corpus(work: Path, pairs: int) -> dict[str, Any]:
                 )
                 words += int(lengths.sum())
     return {"pairs": pairs, "words_per_side": words / 2, "disk_gb": folder_gb(folder)}
+
+
+def stage_read(work: Path, pairs: int) -> dict[str, Any]:
+    from hf_vanilla.data.loading import DataArguments, load_from_args
+
+    shutil.rmtree(work / "hf_datasets", ignore_errors=True)
+    begin = time.time()
+    train = load_from_args(DataArguments(train_files=[str(work / "corpus" / "train")]))["train"]
+    wall = time.time() - begin
+    if len(train) != pairs:
+        raise SystemExit(f"read {len(train)} pairs, expected {pairs}")
+    return {"wall_s": wall, "pairs_per_s": pairs / wall, "arrow_gb": folder_gb(work / "hf_datasets")}
 
 
 def stage_tokenizer(work: Path, pairs: int) -> dict[str, Any]:
@@ -218,10 +254,12 @@ def stage_first_steps(work: Path, pairs: int) -> dict[str, Any]:
     return {"to_first_step_s": steps[0] - START, "steps_s": end - steps[0], "steps": len(steps)}
 
 
-STAGES = ("corpus", "tokenizer", "tokenize", "batching", "first_steps")
+STAGES = ("corpus", "read", "tokenizer", "tokenize", "batching", "first_steps")
 
 
 def run_stage(name: str, work: Path, pairs: int, batches: int) -> dict[str, Any]:
+    anon = AnonPeak()
+    anon.start()
     begin = time.time()
     if name == "batching":
         result = stage_batching(work, pairs, batches)
@@ -229,6 +267,9 @@ def run_stage(name: str, work: Path, pairs: int, batches: int) -> dict[str, Any]
         result = globals()[f"stage_{name}"](work, pairs)
     result.setdefault("wall_s", time.time() - begin)
     result.update(stage=name, pairs=pairs, peak_gb=peak_gb(), process_s=time.time() - START)
+    result["peak_anon_gb"] = anon.peak / 2**20
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result["cpu_s"] = usage.ru_utime + usage.ru_stime  # all threads, imports included: load-independent
     return result
 
 
@@ -241,6 +282,7 @@ def child(name: str, work: Path, pairs: int, batches: int, timeout: float) -> di
     command = [sys.executable, __file__, "--stage", name, "--workdir", str(work), "--pairs", str(pairs)]
     command += ["--batches", str(batches)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="true")
+    env["HF_DATASETS_CACHE"] = str(work / "hf_datasets")  # the text's Arrow file, cold at the `read` stage
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
     if done.returncode:
         raise SystemExit(f"stage {name} at {pairs} pairs failed:\n{done.stderr[-3000:]}")
@@ -252,7 +294,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pairs", type=int, nargs="+", default=[500_000, 1_500_000, 4_500_000])
-    parser.add_argument("--workdir", type=Path, required=True, help="Scratch folder (≈ 3 GB at 4.5 M pairs).")
+    parser.add_argument("--workdir", type=Path, required=True, help="Scratch folder (≈ 6 GB at 4.5 M pairs).")
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     parser.add_argument("--batches", type=int, default=3000, help="Batches timed through the DataLoader.")
     parser.add_argument("--gpu_tokens_per_s", type=float, default=PAPER_8_GPU_TOKENS_PER_S)

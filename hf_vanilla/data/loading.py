@@ -22,21 +22,31 @@ only, so a stray `\\r` or U+2028 inside a sentence stays put) and then leading a
 (`str.strip()`). Whitespace inside a sentence is kept as is. Multi30k has 40 German training lines
 ending in a space; they lose it, which changes no word. A UTF-8 byte-order mark at the start of a file
 is dropped; a line that is not UTF-8 text is refused naming the file and line.
+
+Memory: local files are read line by line and streamed into an Arrow file in the `datasets` cache
+(`Dataset.from_generator`, written batch by batch, then memory-mapped), so no stage holds the corpus
+in Python objects; the file is keyed by the paths, sizes and modification times of the text files and
+reused by a later load of the same files (delete `$HF_DATASETS_CACHE/generator` to free the space, about
+the size of the text). A pipe (bash's `<(...)`) is read into memory instead (see `load_local_files`).
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
+import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import stat
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import datasets
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from hf_vanilla.data.numbers import make_demo_splits
 
@@ -45,6 +55,8 @@ logger = logging.getLogger(__name__)
 SPLITS = ("train", "validation", "test")
 #: A UTF-8 byte-order mark, which some editors put at the start of a text file: dropped when read.
 BOM = "\ufeff"
+#: Bump when the reading rules (whitespace, formats) change: text cached by older rules is then not used.
+TEXT_FORMAT = 1
 
 _LOCAL_FILES_HELP = (
     "To use local files instead, pass them per split, e.g. "
@@ -405,26 +417,43 @@ def _clean(text: str) -> str:
     return text.strip()
 
 
-def read_parallel_text(source_path: str | Path, target_path: str | Path) -> tuple[list[str], list[str]]:
-    """Two plain-text files, one sentence per line; line i of one translates line i of the other."""
-    source_path, target_path = Path(source_path), Path(target_path)
-    sources = [_clean(line) for line in _read_lines(source_path)]
-    targets = [_clean(line) for line in _read_lines(target_path)]
-    for path, lines in ((source_path, sources), (target_path, targets)):
-        if not lines:
-            raise ValueError(f"Data file {str(path)!r} is empty; it needs one sentence per line.")
-    if len(sources) != len(targets):
-        raise ValueError(
-            f"Parallel files differ in length: {str(source_path)!r} has {len(sources)} lines but "
-            f"{str(target_path)!r} has {len(targets)}. Line i of one must translate line i of the other."
-        )
+Pair = tuple[str, str]
+
+
+def _lists(pairs: Iterable[Pair]) -> tuple[list[str], list[str]]:
+    sources: list[str] = []
+    targets: list[str] = []
+    for source, target in pairs:
+        sources.append(source)
+        targets.append(target)
     return sources, targets
 
 
-def read_tsv(path: str | Path) -> tuple[list[str], list[str]]:
-    """A TSV file with `source<TAB>target` on each line (exactly one tab)."""
-    path = Path(path)
-    sources, targets = [], []
+def _iter_parallel_text(source_path: Path, target_path: Path) -> Iterator[Pair]:
+    """The pairs of two plain-text files read in step; the files' emptiness and line counts are checked
+    when both are read (the longer one to its end, to name both counts)."""
+    sources, targets = _read_lines(source_path), _read_lines(target_path)
+    pairs = 0
+    while True:
+        source, target = next(sources, None), next(targets, None)
+        if source is None or target is None:
+            break
+        pairs += 1
+        yield _clean(source), _clean(target)
+    source_count = pairs + (source is not None) + sum(1 for _ in sources)
+    target_count = pairs + (target is not None) + sum(1 for _ in targets)
+    for path, count in ((source_path, source_count), (target_path, target_count)):
+        if not count:
+            raise ValueError(f"Data file {str(path)!r} is empty; it needs one sentence per line.")
+    if source_count != target_count:
+        raise ValueError(
+            f"Parallel files differ in length: {str(source_path)!r} has {source_count} lines but "
+            f"{str(target_path)!r} has {target_count}. Line i of one must translate line i of the other."
+        )
+
+
+def _iter_tsv(path: Path) -> Iterator[Pair]:
+    pairs = 0
     for number, line in enumerate(_read_lines(path), start=1):
         fields = line.split("\t")
         if len(fields) != 2:
@@ -432,17 +461,14 @@ def read_tsv(path: str | Path) -> tuple[list[str], list[str]]:
                 f"{str(path)!r}, line {number}: expected exactly one tab (source<TAB>target), found "
                 f"{len(fields) - 1}: {line[:80]!r}"
             )
-        sources.append(_clean(fields[0]))
-        targets.append(_clean(fields[1]))
-    if not sources:
+        pairs += 1
+        yield _clean(fields[0]), _clean(fields[1])
+    if not pairs:
         raise ValueError(f"Data file {str(path)!r} is empty; it needs one source<TAB>target pair per line.")
-    return sources, targets
 
 
-def read_jsonl(path: str | Path, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
-    """A JSON-lines file with `{"translation": {source_lang: ..., target_lang: ...}}` per line (blank lines skipped)."""
-    path = Path(path)
-    sources, targets = [], []
+def _iter_jsonl(path: Path, source_lang: str, target_lang: str) -> Iterator[Pair]:
+    pairs = 0
     for number, line in enumerate(_read_lines(path), start=1):
         if not line.strip():
             continue
@@ -458,11 +484,25 @@ def read_jsonl(path: str | Path, source_lang: str, target_lang: str) -> tuple[li
                 f"{str(path)!r}, line {number}: expected an object like "
                 f'{{"translation": {{"{source_lang}": "...", "{target_lang}": "..."}}}}, got {line[:80]!r}'
             )
-        sources.append(_clean(pair[source_lang]))
-        targets.append(_clean(pair[target_lang]))
-    if not sources:
+        pairs += 1
+        yield _clean(pair[source_lang]), _clean(pair[target_lang])
+    if not pairs:
         raise ValueError(f"Data file {str(path)!r} is empty; it needs one JSON object per line.")
-    return sources, targets
+
+
+def read_parallel_text(source_path: str | Path, target_path: str | Path) -> tuple[list[str], list[str]]:
+    """Two plain-text files, one sentence per line; line i of one translates line i of the other."""
+    return _lists(_iter_parallel_text(Path(source_path), Path(target_path)))
+
+
+def read_tsv(path: str | Path) -> tuple[list[str], list[str]]:
+    """A TSV file with `source<TAB>target` on each line (exactly one tab)."""
+    return _lists(_iter_tsv(Path(path)))
+
+
+def read_jsonl(path: str | Path, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
+    """A JSON-lines file with `{"translation": {source_lang: ..., target_lang: ...}}` per line (blank lines skipped)."""
+    return _lists(_iter_jsonl(Path(path), source_lang, target_lang))
 
 
 def _resolve_prefix(prefix: str, lang: str) -> Path | None:
@@ -483,8 +523,12 @@ def _format_of(path: Path) -> str | None:
     return None
 
 
-def read_split_files(files: Sequence[str], source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
-    """Read one split given in any of the local forms (see the module docstring)."""
+def _split_reader(
+    files: Sequence[str], source_lang: str, target_lang: str
+) -> tuple[list[Path], Callable[[], Iterator[Pair]]]:
+    """The files of one split given in any of the local forms (see the module docstring), and a function
+    that iterates over its (source, target) pairs, reading the files as it goes. The form is checked here;
+    the content (encoding, tabs, JSON, line counts) as it is read."""
     files = list(files)
     if len(files) == 2:
         source, target = Path(files[0]), Path(files[1])
@@ -497,7 +541,7 @@ def read_split_files(files: Sequence[str], source_lang: str, target_lang: str) -
                     f"{'source' if own == source_lang else 'target'} ({own!r}). Give the source file first, "
                     f"then the target file, or swap --source_lang/--target_lang."
                 )
-        return read_parallel_text(source, target)
+        return [source, target], functools.partial(_iter_parallel_text, source, target)
     if len(files) != 1:
         raise ValueError(
             f"Expected one path (a prefix, a .jsonl or a .tsv file) or two paths (source, target), got "
@@ -506,12 +550,12 @@ def read_split_files(files: Sequence[str], source_lang: str, target_lang: str) -
     path = Path(files[0])
     kind = _format_of(path)
     if kind == "jsonl":
-        return read_jsonl(path, source_lang, target_lang)
+        return [path], functools.partial(_iter_jsonl, path, source_lang, target_lang)
     if kind == "tsv":
-        return read_tsv(path)
+        return [path], functools.partial(_iter_tsv, path)
     source, target = _resolve_prefix(files[0], source_lang), _resolve_prefix(files[0], target_lang)
     if source is not None and target is not None:
-        return read_parallel_text(source, target)
+        return [source, target], functools.partial(_iter_parallel_text, source, target)
     if path.is_file():
         raise ValueError(
             f"{str(path)!r} is neither .jsonl nor .tsv (optionally .gz). For plain text, give two paths "
@@ -525,6 +569,11 @@ def read_split_files(files: Sequence[str], source_lang: str, target_lang: str) -
     raise FileNotFoundError(
         f"No data found for {files[0]!r}: it is not a file, and as a prefix these are missing: {', '.join(missing)}."
     )
+
+
+def read_split_files(files: Sequence[str], source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
+    """Read one split given in any of the local forms (see the module docstring) into two lists."""
+    return _lists(_split_reader(files, source_lang, target_lang)[1]())
 
 
 def pair_location(files: Sequence[str], source_lang: str, target_lang: str, index: int) -> str:
@@ -547,26 +596,93 @@ def pair_location(files: Sequence[str], source_lang: str, target_lang: str, inde
     return f"{path}, line {index + 1}"
 
 
+def _text_fingerprint(paths: Sequence[Path], split: str, source_lang: str, target_lang: str) -> str:
+    """The key of a split's text in the `datasets` cache: each file's path, size and modification time
+    (as the tokenized-data cache keys them, hf_vanilla.data.cache), the split and the languages."""
+    stamps = [[str(path.resolve()), (info := path.stat()).st_size, info.st_mtime_ns] for path in paths]
+    key = {"format": TEXT_FORMAT, "files": stamps, "split": split, "langs": [source_lang, target_lang]}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:32]
+
+
+def _stream_to_arrow(
+    pairs: Callable[[], Iterator[Pair]],
+    fingerprint: str,
+    split: str,
+    source_lang: str,
+    target_lang: str,
+) -> datasets.Dataset:
+    """`datasets.Dataset.from_generator` over ``pairs()``: written to an Arrow file in the `datasets`
+    cache batch by batch and memory-mapped, or found there by ``fingerprint``. A reading error (a bad
+    line, files of unequal length) is raised as itself, not as `datasets`' generation error."""
+
+    def examples() -> Iterator[dict[str, dict[str, str]]]:
+        for source, target in pairs():
+            yield {"translation": {source_lang: source, target_lang: target}}
+
+    bars = not datasets.utils.are_progress_bars_disabled()
+    if bars:  # a bad line must give one line of error, not a half-drawn progress bar before it
+        datasets.utils.disable_progress_bars()
+    try:
+        return datasets.Dataset.from_generator(
+            examples,
+            features=translation_features(source_lang, target_lang),
+            split=datasets.NamedSplit(split),
+            fingerprint=fingerprint,
+        )
+    except datasets.exceptions.DatasetGenerationError as err:
+        if not isinstance(err.__cause__, ValueError | OSError):
+            raise
+        failure = err.__cause__
+    finally:
+        if bars:
+            datasets.utils.enable_progress_bars()
+    raise failure
+
+
+def _regular_files(paths: Sequence[Path]) -> bool:
+    """Whether every path is a regular file (not a pipe); a missing path or a folder raises."""
+    for path in paths:
+        _check_file(path)
+    return all(stat.S_ISREG(path.stat().st_mode) for path in paths)
+
+
 def load_local_files(
     split_files: dict[str, Sequence[str]], source_lang: str, target_lang: str
 ) -> datasets.DatasetDict:
-    """Build a `DatasetDict` from local files, e.g. `{"train": ["train.en.gz", "train.de.gz"], "validation": ["val"]}`."""
+    """Build a `DatasetDict` from local files, e.g. `{"train": ["train.en.gz", "train.de.gz"], "validation": ["val"]}`.
+
+    The text of regular files is streamed into an Arrow file in the `datasets` cache
+    (`$HF_DATASETS_CACHE/generator/`), keyed by the files' paths, sizes and modification times, and
+    memory-mapped: no stage holds the corpus in Python objects, and loading the same files again reuses
+    it. A pipe (bash's `<(...)`) can be read only once and has no stable key: it is read into memory.
+    """
     unknown = set(split_files) - set(SPLITS)
     if unknown:
         raise ValueError(f"Unknown split names {sorted(unknown)}; use {list(SPLITS)}.")
-    features = translation_features(source_lang, target_lang)
     out = {}
     for split, files in split_files.items():
-        sources, targets = read_split_files(files, source_lang, target_lang)
-        empty = sum(1 for s, t in zip(sources, targets, strict=True) if not s or not t)
+        paths, pairs = _split_reader(files, source_lang, target_lang)
+        if _regular_files(paths):
+            fingerprint = _text_fingerprint(paths, split, source_lang, target_lang)
+            dataset = _stream_to_arrow(pairs, fingerprint, split, source_lang, target_lang)
+        else:
+            sources, targets = _lists(pairs())
+            # One Arrow struct column built from the two lists: no Python dict per pair.
+            column = pa.StructArray.from_arrays(
+                [pa.array(sources, pa.string()), pa.array(targets, pa.string())],
+                names=[source_lang, target_lang],
+            )
+            del sources, targets
+            features = translation_features(source_lang, target_lang)
+            dataset = datasets.Dataset.from_dict({"translation": column}, features=features)
+        empty = sum(
+            pc.sum(
+                pc.or_(pc.equal(chunk.field(source_lang), ""), pc.equal(chunk.field(target_lang), ""))
+            ).as_py()
+            for chunk in dataset.data.column("translation").chunks
+        )
         if empty:
             logger.warning("%s (%s): %d pairs have an empty side.", split, files, empty)
-        # One Arrow struct column built from the two lists: no Python dict per pair (that doubled the
-        # memory of a WMT-sized corpus).
-        pairs = pa.StructArray.from_arrays(
-            [pa.array(sources, pa.string()), pa.array(targets, pa.string())], names=[source_lang, target_lang]
-        )
-        del sources, targets
-        out[split] = datasets.Dataset.from_dict({"translation": pairs}, features=features)
-        logger.info("Loaded %d %s pairs from %s", len(pairs), split, files)
+        out[split] = dataset
+        logger.info("Loaded %d %s pairs from %s", len(dataset), split, files)
     return datasets.DatasetDict(out)

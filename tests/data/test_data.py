@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import threading
+import tracemalloc
 from pathlib import Path
 
+import datasets
 import pytest
 from transformers import HfArgumentParser
 
@@ -117,6 +121,62 @@ def test_swapped_files_are_caught(tmp_path: Path) -> None:
     write(tmp_path / "x.de", TGT)
     with pytest.raises(ValueError, match="source file first"):
         load_local_files({"train": [str(tmp_path / "x.de"), str(tmp_path / "x.en")]}, "en", "de")
+
+
+# ---------------------------------------------------------------- the text streamed into Arrow (issue 24)
+
+
+def test_local_text_is_streamed_into_a_memory_mapped_arrow_file(tmp_path: Path) -> None:
+    """The text goes pair by pair into an Arrow file in the `datasets` cache and is read memory-mapped:
+    what Python allocates while loading stays below the text's size (two lists of its lines took ~3.4×
+    the text), and what it does allocate is per batch, so a WMT-sized corpus need not fit in memory."""
+    lines = 20_000
+    english = [f"sentence number {i} in english" for i in range(lines)]
+    german = [f"satz nummer {i} auf deutsch" for i in range(lines)]
+    write(tmp_path / "big.en", english)
+    write(tmp_path / "big.de", german)
+    text_bytes = sum((tmp_path / f"big.{lang}").stat().st_size for lang in ("en", "de"))
+    tracemalloc.start()
+    try:
+        train = load_local_files({"train": [str(tmp_path / "big")]}, "en", "de")["train"]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(train) == lines
+    assert train[lines - 1]["translation"] == {"en": english[-1], "de": german[-1]}
+    cache = Path(datasets.config.HF_DATASETS_CACHE)
+    assert [Path(f["filename"]).is_relative_to(cache) for f in train.cache_files] == [True]
+    assert peak < text_bytes, (peak, text_bytes)
+
+
+def test_the_streamed_text_is_reused_until_a_file_changes(tmp_path: Path) -> None:
+    """Loading the same files again reuses their Arrow file; changing a file (size, modification time)
+    reads it again, so the cache never serves old text."""
+    write(tmp_path / "x.en", SRC)
+    write(tmp_path / "x.de", TGT)
+    first = load_local_files({"train": [str(tmp_path / "x")]}, "en", "de")["train"]
+    again = load_local_files({"train": [str(tmp_path / "x")]}, "en", "de")["train"]
+    assert first.cache_files and again.cache_files == first.cache_files
+    write(tmp_path / "x.de", ["eins", "zwei", "drei"])
+    changed = load_local_files({"train": [str(tmp_path / "x")]}, "en", "de")["train"]
+    assert changed.cache_files != first.cache_files
+    assert [pair["de"] for pair in changed["translation"]] == ["eins", "zwei", "drei"]
+
+
+def test_pipes_are_read_into_memory_not_cached(tmp_path: Path) -> None:
+    """A pipe (bash's `<(...)`) can be read once and its name says nothing of its content: its pairs are
+    loaded in memory and nothing is written to the `datasets` cache under a key a later pipe could hit."""
+    pipes = [tmp_path / "src", tmp_path / "tgt"]
+    writers = []
+    for pipe, text in zip(pipes, ("w1 w2\nw3\n", "w2 w1\nw3\n"), strict=True):
+        os.mkfifo(pipe)
+        writers.append(threading.Thread(target=pipe.write_text, args=(text,), daemon=True))
+        writers[-1].start()
+    train = load_local_files({"train": [str(p) for p in pipes]}, "en", "de")["train"]
+    for writer in writers:
+        writer.join(timeout=10)
+    assert pairs_of(train) == [("w1 w2", "w2 w1"), ("w3", "w3")]
+    assert train.cache_files == []
 
 
 # ---------------------------------------------------------------- arguments and the Hub
