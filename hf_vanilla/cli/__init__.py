@@ -49,37 +49,40 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from huggingface_hub.errors import HfHubHTTPError, StrictDataclassError
-from transformers import HfArgumentParser
+from hf_vanilla.cli.parsing import DataclassArgumentParser
 
 logger = logging.getLogger(__name__)
 
 
 __all__ = [
     "DEBUG_EPILOG",
-    "USER_ERRORS",
     "Terminated",
     "add_debug_flag",
     "configure_logging",
     "parse_arguments",
     "refuse_non_finite",
     "run_cli",
+    "user_errors",
 ]
 
 #: Epilog of every command's ``--help`` (``--debug`` is taken out of the arguments by :func:`run_cli`).
 DEBUG_EPILOG = "An error ends in one line; --debug shows its traceback."
 
-#: Exceptions that describe bad input (their message says what to do), not a bug in hf_vanilla.
-#: ``ValueError`` covers ``UnicodeDecodeError``, ``json.JSONDecodeError`` and the checkpoint checks;
-#: ``OSError`` missing, existing or unreadable files and Hub download failures; ``StrictDataclassError`` a
-#: config field of the wrong type or choice (transformers' ``@strict`` config validation).
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError,
-    OSError,
-    ImportError,
-    HfHubHTTPError,
-    StrictDataclassError,
-)
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that describe bad input (their message says what to do), not a bug in hf_vanilla.
+
+    ``ValueError`` covers ``UnicodeDecodeError``, ``json.JSONDecodeError`` and the checkpoint checks;
+    ``OSError`` missing, existing or unreadable files and Hub download failures; huggingface_hub's
+    ``HfHubHTTPError`` a Hub refusal and its ``StrictDataclassError`` a config field of the wrong type or
+    choice (transformers' ``@strict`` config validation). Those two are named only once huggingface_hub is
+    imported (nothing can raise them before), so that ``--help`` does not import it.
+    """
+    errors: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError)
+    hub_errors = sys.modules.get("huggingface_hub.errors")
+    if hub_errors is not None:
+        errors += (hub_errors.HfHubHTTPError, hub_errors.StrictDataclassError)
+    return errors
 
 
 class Terminated(KeyboardInterrupt):
@@ -96,8 +99,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 
 def refuse_non_finite(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
-    """Raise ``ValueError`` naming the first option of ``parser`` (an ``argparse`` or
-    :class:`HfArgumentParser` parser) that ``argv`` gives a non-finite number (``nan``, ``inf``,
+    """Raise ``ValueError`` naming the first option of ``parser`` (an ``argparse`` parser) that ``argv`` gives a non-finite number (``nan``, ``inf``,
     ``-inf``), before any of the command's dataclasses is built. Defaults are the program's own and
     are not checked."""
     namespace, _ = parser.parse_known_args(list(argv))
@@ -114,11 +116,13 @@ def refuse_non_finite(parser: argparse.ArgumentParser, argv: Sequence[str]) -> N
 
 def parse_arguments(
     argv: Sequence[str], types: Any, description: str | None
-) -> tuple[HfArgumentParser, tuple[Any, ...]]:
-    """Parse ``argv`` into the dataclasses ``types`` (one or a tuple) with :class:`HfArgumentParser`
-    and the commands' ``--debug`` epilog, refusing non-finite numbers (:func:`refuse_non_finite`), then
-    log INFO and above to stderr. Returns the parser (for ``parser.error``) and the parsed dataclasses."""
-    parser = HfArgumentParser(
+) -> tuple[DataclassArgumentParser, tuple[Any, ...]]:
+    """Parse ``argv`` into the dataclasses ``types`` (one or a tuple) with
+    :class:`~hf_vanilla.cli.parsing.DataclassArgumentParser` (``HfArgumentParser``'s options, without
+    importing transformers) and the commands' ``--debug`` epilog, refusing non-finite numbers
+    (:func:`refuse_non_finite`), then log INFO and above to stderr. Returns the parser (for
+    ``parser.error``) and the parsed dataclasses."""
+    parser = DataclassArgumentParser(
         types, description=description, epilog=DEBUG_EPILOG, formatter_class=HelpFormatter
     )
     add_debug_flag(parser)
@@ -195,8 +199,8 @@ def run_cli(
             raise
         print("interrupted", file=sys.stderr)
         return 130
-    except USER_ERRORS as err:
-        if debug:
+    except Exception as err:
+        if debug or not isinstance(err, user_errors()):
             raise
         print("error:", " ".join(str(err).split()), file=sys.stderr)  # one line, also for multi-line messages
         return 1
