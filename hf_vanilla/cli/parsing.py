@@ -152,14 +152,17 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         )
 
 
-def describe_training_arguments(parser: argparse.ArgumentParser, names: Iterable[str]) -> dict[str, Any]:
-    """The options of ``parser`` (transformers' ``HfArgumentParser`` of ``Seq2SeqTrainingArguments``) for
-    the fields ``names``, as :meth:`DataclassArgumentParser.add_described` reads them, with the
-    transformers version they describe."""
-    names = set(names)
+def describe_training_arguments() -> dict[str, Any]:
+    """The options transformers' ``HfArgumentParser`` makes for ``Seq2SeqTrainingArguments``, as
+    :meth:`DataclassArgumentParser.add_described` reads them, with the transformers version they describe:
+    the content of :data:`TRAINING_ARGUMENTS_JSON` (imports transformers and torch). After a transformers
+    upgrade (tests/cli/test_help.py fails), write it with ``TRAINING_ARGUMENTS_JSON.write_text(json.dumps(
+    describe_training_arguments(), indent=1, ensure_ascii=False) + "\\n")``."""
+    from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+
     actions = []
-    for action in parser._actions:  # argparse lists a parser's options nowhere else
-        if action.dest not in names:
+    for action in HfArgumentParser(Seq2SeqTrainingArguments)._actions:  # argparse lists them nowhere else
+        if isinstance(action, argparse._HelpAction):
             continue
         entry: dict[str, Any] = {
             "option_strings": action.option_strings,
@@ -170,6 +173,7 @@ def describe_training_arguments(parser: argparse.ArgumentParser, names: Iterable
             "help": action.help,
         }
         if entry["action"] == "store":
-            entry |= {"nargs": action.nargs, "const": action.const, "choices": action.choices}
+            choices = None if action.choices is None else list(action.choices)
+            entry |= {"nargs": action.nargs, "const": action.const, "choices": choices}
         actions.append(entry)
     return {"transformers": version("transformers"), "actions": json.loads(json.dumps(actions, default=str))}

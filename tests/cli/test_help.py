@@ -4,6 +4,7 @@ accelerate), lists ``--debug``, and says what transformers' ``HfArgumentParser``
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -132,3 +133,64 @@ def test_help_is_what_transformers_parser_says(
         ]
 
     assert options(light) == options(real)
+
+
+def _options(parser: object, types: bool = True) -> list[tuple[object, ...]]:
+    """What ``--help`` and parsing make of each option of ``parser``."""
+    return [
+        (
+            a.option_strings,
+            a.dest,
+            a.default,
+            a.nargs,
+            a.const,
+            None if a.choices is None else list(a.choices),
+            a.required,
+            a.help,
+            type(a).__name__,
+        )
+        + ((getattr(a.type, "__name__", a.type),) if types else ())
+        for a in parser._actions
+    ]
+
+
+def test_train_help_is_what_transformers_parser_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hf-vanilla-train --help`` (transformers' options from their description) says what
+    ``HfArgumentParser`` says of the dataclasses a training run parses, and a run parses them as it does."""
+    from hf_vanilla.cli.parsing import TRAINING_ARGUMENTS_JSON, describe_training_arguments
+    from hf_vanilla.cli.train import EPILOG, help_parser, parser
+    from hf_vanilla.data.options import DataArguments
+    from hf_vanilla.training.arguments import PaperTrainingArguments, TrainingModelArguments
+
+    assert json.loads(TRAINING_ARGUMENTS_JSON.read_text(encoding="utf-8")) == describe_training_arguments(), (
+        "transformers' training options changed: rewrite hf_vanilla/cli/seq2seq_training_arguments.json with "
+        "TRAINING_ARGUMENTS_JSON.write_text(json.dumps(describe_training_arguments(), indent=1, "
+        "ensure_ascii=False) + '\\n')"
+    )
+    monkeypatch.setenv("COLUMNS", "100")
+    real = HfArgumentParser((TrainingModelArguments, DataArguments, PaperTrainingArguments), epilog=EPILOG)
+    light = help_parser()
+    assert light is not None
+    assert light.format_help() == real.format_help()
+    assert _options(light, types=False) == _options(real, types=False)
+    assert _options(parser()) == _options(real)
+
+
+def test_train_presets_are_the_configuration_presets() -> None:
+    from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import PRESETS
+    from hf_vanilla.training.options import PRESET_NAMES
+
+    assert sorted(PRESET_NAMES) == sorted(PRESETS)
+
+
+def test_train_help_of_another_transformers_version_comes_from_transformers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A description of other transformers' options is not used: the help then imports transformers."""
+    import hf_vanilla.cli.train as train
+
+    description = json.loads(train.TRAINING_ARGUMENTS_JSON.read_text(encoding="utf-8"))
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps({**description, "transformers": "0.0.1"}), encoding="utf-8")
+    monkeypatch.setattr(train, "TRAINING_ARGUMENTS_JSON", stale)
+    assert train.help_parser() is None
