@@ -60,6 +60,7 @@ __all__ = [
     "add_debug_flag",
     "configure_logging",
     "parse_arguments",
+    "quiet_unused_torchao",
     "refuse_non_finite",
     "run_cli",
     "user_errors",
@@ -127,8 +128,10 @@ def parse_arguments(
     )
     add_debug_flag(parser)
     refuse_non_finite(parser, argv)
-    parsed = parser.parse_args_into_dataclasses(args=list(argv))
-    configure_logging()
+    parsed = parser.parse_args_into_dataclasses(list(argv))
+    configure_logging(
+        torchao=any(str(getattr(args, "quantization", None)).startswith("torchao") for args in parsed)
+    )
     return parser, tuple(parsed)
 
 
@@ -143,13 +146,42 @@ def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def configure_logging() -> None:
+def configure_logging(torchao: bool = False) -> None:
     """Log hf_vanilla's INFO and everyone's warnings to stderr; other libraries' INFO (the ONNX
-    exporter's hundreds of lines, for one) only with ``--debug``."""
+    exporter's hundreds of lines, for one) only with ``--debug``. Unless the command quantizes with
+    torchao (``torchao``) or ``--debug`` is given, torchao's import messages are dropped
+    (:func:`quiet_unused_torchao`)."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("hf_vanilla").setLevel(logging.INFO)
     if _debugging:
         logging.getLogger().setLevel(logging.INFO)
+    if not torchao:
+        quiet_unused_torchao()
+
+
+class _TorchaoEnums(logging.Filter):
+    """Drops torch's warning that torchao registers its Enum types the deprecated way."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(str(getattr(arg, "__module__", "")).startswith("torchao") for arg in args)
+
+
+_TORCHAO_ENUMS = _TorchaoEnums()
+
+
+def quiet_unused_torchao() -> None:
+    """Keep torchao's import messages out of the output of a command that does not use torchao; call it
+    before the model is loaded. transformers imports torchao whenever it is installed
+    (``transformers.quantizers``, at every model load); torchao then warns that its optional compiled
+    kernels do not load (``Failed to load .../torchao/_C_*.so``: built for another Python or torch) or that
+    Triton is missing, and torch (``torch.utils._pytree``, through torch's own log handler) that torchao
+    registers its Enum types the deprecated way. torchao's errors still show, and with ``--debug`` (train:
+    ``--log_level debug``) everything."""
+    if _debugging:
+        return
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").addFilter(_TORCHAO_ENUMS)  # a filter is added once
 
 
 #: Whether the running command was given ``--debug`` (set by :func:`run_cli`).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from hf_vanilla.cli import DEBUG_EPILOG, add_debug_flag, refuse_non_finite, run_cli
+from hf_vanilla.cli import DEBUG_EPILOG, add_debug_flag, quiet_unused_torchao, refuse_non_finite, run_cli
 from hf_vanilla.cli.parsing import DataclassArgumentParser
 from hf_vanilla.demo.options import DemoArguments
 
@@ -17,6 +17,7 @@ def _main(argv: list[str]) -> None:
     add_debug_flag(parser)
     refuse_non_finite(parser, argv)
     (args,) = parser.parse_args_into_dataclasses(argv)
+    quiet_unused_torchao()
     from hf_vanilla.demo.run import report, run_demo  # torch, after --help
 
     logging.basicConfig(

@@ -28,7 +28,7 @@ import sys
 from importlib.metadata import version
 from typing import Any, get_type_hints
 
-from hf_vanilla.cli import refuse_non_finite, run_cli
+from hf_vanilla.cli import quiet_unused_torchao, refuse_non_finite, run_cli
 from hf_vanilla.cli.parsing import TRAINING_ARGUMENTS_JSON, DataclassArgumentParser
 from hf_vanilla.data.options import DataArguments
 from hf_vanilla.hub.options import DatasetCardArguments
@@ -76,6 +76,7 @@ def _run(argv: list[str]) -> None:
         if light is not None:
             light.print_help()
             light.exit()
+    quiet_unused_torchao()  # training does not use torchao
     real = parser()
     refuse_non_finite(real, argv)
     model_args, data_args, training_args = real.parse_args_into_dataclasses(argv)

@@ -30,7 +30,7 @@ import gzip
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +39,11 @@ import pyarrow as pa
 
 from hf_vanilla.data.numbers import make_demo_splits
 from hf_vanilla.data.options import DataArguments
+from hf_vanilla.data.text import text_lines
 
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
-#: A UTF-8 byte-order mark, which some editors put at the start of a text file: dropped when read.
-BOM = "\ufeff"
 
 _LOCAL_FILES_HELP = (
     "To use local files instead, pass them per split, e.g. "
@@ -263,32 +262,6 @@ def _check_file(path: Path) -> None:
         raise FileNotFoundError(f"Data file {str(path)!r} does not exist. Check the path.")
     if path.is_dir():
         raise IsADirectoryError(f"Data file {str(path)!r} is a folder; give the file in it.")
-
-
-def text_lines(stream: Iterable[bytes | str], name: str) -> Iterator[str]:
-    """The lines of ``stream`` (bytes, or already decoded text) without their line ends and without a
-    UTF-8 byte-order mark at the start. A line that is not UTF-8 text or holds a NUL byte raises
-    ``ValueError`` naming ``name`` and the line number."""
-    for number, raw in enumerate(stream, start=1):
-        if isinstance(raw, bytes):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(
-                    f"{name}, line {number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1} "
-                    "of the line). Give plain UTF-8 text, one sentence per line (convert other encodings with "
-                    "e.g. `iconv -f latin1 -t utf-8`)."
-                ) from None
-        else:
-            line = raw
-        if number == 1:
-            line = line.removeprefix(BOM)
-        if "\x00" in line:
-            raise ValueError(
-                f"{name}, line {number}: a NUL byte, so this is binary data, not text. Give plain UTF-8 text, "
-                "one sentence per line."
-            )
-        yield line.rstrip("\n").rstrip("\r")
 
 
 def _read_lines(path: Path) -> Iterator[str]:

@@ -28,9 +28,8 @@ import logging
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     AutoTokenizer,
@@ -42,6 +41,9 @@ from transformers import (
 
 from hf_vanilla.data.options import TOKENIZER_SAMPLE_PAIRS, DataArguments
 from hf_vanilla.data.options import TokenizerArguments as TokenizerArguments  # its old home
+
+if TYPE_CHECKING:  # datasets costs seconds to import, and translation does not use it
+    import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +136,8 @@ def train_tokenizer_from_dataset(
     tokens; rare words (seen in the full corpus but not the sample) are split into more, smaller
     pieces — they are still encoded, byte-level BPE has no unknown tokens.
     """
+    import datasets
+
     if isinstance(data, datasets.DatasetDict):
         if split not in data:
             raise ValueError(f"No split {split!r} to train the tokenizer on; the data has {list(data)}.")
