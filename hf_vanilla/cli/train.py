@@ -28,13 +28,15 @@ import sys
 from importlib.metadata import version
 from typing import Any, get_type_hints
 
-from hf_vanilla.cli import quiet_unused_torchao, refuse_non_finite, run_cli
+from hf_vanilla.cli import HelpFormatter, quiet_unused_torchao, refuse_non_finite, run_cli
 from hf_vanilla.cli.parsing import TRAINING_ARGUMENTS_JSON, DataclassArgumentParser
 from hf_vanilla.data.options import DataArguments
 from hf_vanilla.hub.options import DatasetCardArguments
 from hf_vanilla.training.options import PaperRecipeArguments, TrainingModelArguments
 
 EPILOG = "An error ends in one line; --log_level debug shows its traceback."
+#: How the parser of a run and that of ``--help`` present the options.
+PARSER_KWARGS: dict[str, Any] = {"description": __doc__, "epilog": EPILOG, "formatter_class": HelpFormatter}
 
 
 def help_parser() -> DataclassArgumentParser | None:
@@ -45,7 +47,7 @@ def help_parser() -> DataclassArgumentParser | None:
     description = json.loads(TRAINING_ARGUMENTS_JSON.read_text(encoding="utf-8"))
     if description["transformers"] != version("transformers"):
         return None
-    parser = DataclassArgumentParser((TrainingModelArguments, DataArguments), epilog=EPILOG)
+    parser = DataclassArgumentParser((TrainingModelArguments, DataArguments), **PARSER_KWARGS)
     ours: dict[str, tuple[dataclasses.Field, Any]] = {}
     for dtype in (DatasetCardArguments, PaperRecipeArguments):  # as dataclasses collect the bases' fields
         hints = get_type_hints(dtype)
@@ -66,7 +68,7 @@ def parser() -> DataclassArgumentParser:
     from hf_vanilla.training.arguments import PaperTrainingArguments
 
     return DataclassArgumentParser(
-        (TrainingModelArguments, DataArguments, PaperTrainingArguments), epilog=EPILOG
+        (TrainingModelArguments, DataArguments, PaperTrainingArguments), **PARSER_KWARGS
     )
 
 

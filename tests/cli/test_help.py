@@ -158,7 +158,7 @@ def test_train_help_is_what_transformers_parser_says(monkeypatch: pytest.MonkeyP
     """``hf-vanilla-train --help`` (transformers' options from their description) says what
     ``HfArgumentParser`` says of the dataclasses a training run parses, and a run parses them as it does."""
     from hf_vanilla.cli.parsing import TRAINING_ARGUMENTS_JSON, describe_training_arguments
-    from hf_vanilla.cli.train import EPILOG, help_parser, parser
+    from hf_vanilla.cli.train import PARSER_KWARGS, help_parser, parser
     from hf_vanilla.data.options import DataArguments
     from hf_vanilla.training.arguments import PaperTrainingArguments, TrainingModelArguments
 
@@ -168,7 +168,7 @@ def test_train_help_is_what_transformers_parser_says(monkeypatch: pytest.MonkeyP
         "ensure_ascii=False) + '\\n')"
     )
     monkeypatch.setenv("COLUMNS", "100")
-    real = HfArgumentParser((TrainingModelArguments, DataArguments, PaperTrainingArguments), epilog=EPILOG)
+    real = HfArgumentParser((TrainingModelArguments, DataArguments, PaperTrainingArguments), **PARSER_KWARGS)
     light = help_parser()
     assert light is not None
     assert light.format_help() == real.format_help()
