@@ -7,7 +7,7 @@ forward call, beside the floor (``import torch, transformers`` and the modeling 
 
 Each figure is the median over ``--rounds`` interleaved rounds (every measurement once per round) of a
 fresh interpreter's wall time, with min and max, and of its CPU time (user + sys: less sensitive to
-other load on a shared machine; for the first forward, the whole run's). ``--python`` picks the interpreter (the hf_vanilla it
+other load on a shared machine). ``--python`` picks the interpreter (the hf_vanilla it
 imports: a checkout's own virtualenv). The first forward is timed by a forward pre-hook registered
 before the command runs (the hook imports torch first, which the command imports anyway).
 Name the CPU (``lscpu``) and the load (``uptime``) with the figures: the machine is shared.
@@ -44,7 +44,7 @@ import sys, time
 import torch
 
 def _first(module, args):
-    print(f"FIRST_FORWARD {time.time():.6f}", file=sys.stderr, flush=True)
+    print(f"FIRST_FORWARD {time.time():.6f} {time.process_time():.6f}", file=sys.stderr, flush=True)
     handle.remove()
 
 handle = torch.nn.modules.module.register_module_forward_pre_hook(_first)
@@ -52,7 +52,8 @@ from hf_vanilla.cli.translate import main
 sys.exit(main(sys.argv[1:]))
 """
 
-FLOOR = "import torch, transformers; import transformers.modeling_utils"
+#: What every model load imports whatever the command: torch, then transformers' modeling code.
+FLOORS = ("import torch", "import torch, transformers; import transformers.modeling_utils")
 
 MAKE_FOLDER = """
 import sys
@@ -88,15 +89,15 @@ def _wall(command: list[str]) -> tuple[float, float]:
 
 def _first_forward(python: str, folder: Path, source: Path) -> tuple[float, float]:
     """Wall seconds from launching ``hf-vanilla-translate`` to the first forward call, and the CPU
-    seconds of the whole run (the translation of two lines by a tiny model adds little)."""
-    start, cpu = time.time(), _cpu()
+    seconds (user + sys, all threads) the process had used by then."""
+    start = time.time()
     args = ["--model_name_or_path", str(folder), "--device", "cpu", "--num_beams", "1"]
     args += ["--input_file", str(source), "--output_file", "-"]
     result = subprocess.run([python, "-c", FIRST_FORWARD, *args], capture_output=True, text=True, check=False)
-    stamps = [line.split()[1] for line in result.stderr.splitlines() if line.startswith("FIRST_FORWARD")]
+    stamps = [line.split()[1:] for line in result.stderr.splitlines() if line.startswith("FIRST_FORWARD")]
     if result.returncode != 0 or not stamps:
         raise SystemExit(f"translate failed:\n{result.stderr[-2000:]}")
-    return float(stamps[0]) - start, _cpu() - cpu
+    return float(stamps[0][0]) - start, float(stamps[0][1])
 
 
 def _cell(values: list[float]) -> str:
@@ -110,7 +111,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--python", default=sys.executable, help="The interpreter (and its hf_vanilla).")
     parser.add_argument("--label", default="", help="Name of the column, e.g. before / after.")
-    parser.add_argument("--commands", nargs="+", default=COMMANDS, choices=COMMANDS)
+    parser.add_argument("--commands", nargs="*", default=COMMANDS, choices=COMMANDS, help="--help of these.")
     args = parser.parse_args()
     times: dict[str, list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,7 +123,8 @@ def main() -> None:
             for command in args.commands:
                 module = f"hf_vanilla.cli.{command}"
                 times.setdefault(f"{command} --help", []).append(_wall([args.python, "-m", module, "--help"]))
-            times.setdefault("floor: " + FLOOR, []).append(_wall([args.python, "-c", FLOOR]))
+            for floor in FLOORS:
+                times.setdefault(f"floor: {floor}", []).append(_wall([args.python, "-c", floor]))
             times.setdefault("translate: launch → first forward", []).append(
                 _first_forward(args.python, folder, source)
             )

@@ -36,14 +36,14 @@ from transformers import (
     PretrainedConfig,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
-    TrainingArguments,
 )
 
 from hf_vanilla.data.options import TOKENIZER_SAMPLE_PAIRS, DataArguments
 from hf_vanilla.data.options import TokenizerArguments as TokenizerArguments  # its old home
 
-if TYPE_CHECKING:  # datasets costs seconds to import, and translation does not use it
+if TYPE_CHECKING:  # each costs seconds to import, and translation does not use them
     import datasets
+    from transformers import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
