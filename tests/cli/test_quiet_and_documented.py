@@ -33,6 +33,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow  # a translation in a fresh interpreter: 15-25 s on the shared 2 cores
 def test_translate_prints_no_torchao_messages(tmp_path: Path) -> None:
     """transformers imports torchao at every model load where it is installed; a translation that does
     not quantize with it shows none of torchao's import messages."""
