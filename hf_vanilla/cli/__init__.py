@@ -49,37 +49,41 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from huggingface_hub.errors import HfHubHTTPError, StrictDataclassError
-from transformers import HfArgumentParser
+from hf_vanilla.cli.parsing import DataclassArgumentParser
 
 logger = logging.getLogger(__name__)
 
 
 __all__ = [
     "DEBUG_EPILOG",
-    "USER_ERRORS",
     "Terminated",
     "add_debug_flag",
     "configure_logging",
     "parse_arguments",
+    "quiet_unused_torchao",
     "refuse_non_finite",
     "run_cli",
+    "user_errors",
 ]
 
 #: Epilog of every command's ``--help`` (``--debug`` is taken out of the arguments by :func:`run_cli`).
 DEBUG_EPILOG = "An error ends in one line; --debug shows its traceback."
 
-#: Exceptions that describe bad input (their message says what to do), not a bug in hf_vanilla.
-#: ``ValueError`` covers ``UnicodeDecodeError``, ``json.JSONDecodeError`` and the checkpoint checks;
-#: ``OSError`` missing, existing or unreadable files and Hub download failures; ``StrictDataclassError`` a
-#: config field of the wrong type or choice (transformers' ``@strict`` config validation).
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError,
-    OSError,
-    ImportError,
-    HfHubHTTPError,
-    StrictDataclassError,
-)
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that describe bad input (their message says what to do), not a bug in hf_vanilla.
+
+    ``ValueError`` covers ``UnicodeDecodeError``, ``json.JSONDecodeError`` and the checkpoint checks;
+    ``OSError`` missing, existing or unreadable files and Hub download failures; huggingface_hub's
+    ``HfHubHTTPError`` a Hub refusal and its ``StrictDataclassError`` a config field of the wrong type or
+    choice (transformers' ``@strict`` config validation). Those two are named only once huggingface_hub is
+    imported (nothing can raise them before), so that ``--help`` does not import it.
+    """
+    errors: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError)
+    hub_errors = sys.modules.get("huggingface_hub.errors")
+    if hub_errors is not None:
+        errors += (hub_errors.HfHubHTTPError, hub_errors.StrictDataclassError)
+    return errors
 
 
 class Terminated(KeyboardInterrupt):
@@ -96,8 +100,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 
 def refuse_non_finite(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
-    """Raise ``ValueError`` naming the first option of ``parser`` (an ``argparse`` or
-    :class:`HfArgumentParser` parser) that ``argv`` gives a non-finite number (``nan``, ``inf``,
+    """Raise ``ValueError`` naming the first option of ``parser`` (an ``argparse`` parser) that ``argv`` gives a non-finite number (``nan``, ``inf``,
     ``-inf``), before any of the command's dataclasses is built. Defaults are the program's own and
     are not checked."""
     namespace, _ = parser.parse_known_args(list(argv))
@@ -114,17 +117,21 @@ def refuse_non_finite(parser: argparse.ArgumentParser, argv: Sequence[str]) -> N
 
 def parse_arguments(
     argv: Sequence[str], types: Any, description: str | None
-) -> tuple[HfArgumentParser, tuple[Any, ...]]:
-    """Parse ``argv`` into the dataclasses ``types`` (one or a tuple) with :class:`HfArgumentParser`
-    and the commands' ``--debug`` epilog, refusing non-finite numbers (:func:`refuse_non_finite`), then
-    log INFO and above to stderr. Returns the parser (for ``parser.error``) and the parsed dataclasses."""
-    parser = HfArgumentParser(
+) -> tuple[DataclassArgumentParser, tuple[Any, ...]]:
+    """Parse ``argv`` into the dataclasses ``types`` (one or a tuple) with
+    :class:`~hf_vanilla.cli.parsing.DataclassArgumentParser` (``HfArgumentParser``'s options, without
+    importing transformers) and the commands' ``--debug`` epilog, refusing non-finite numbers
+    (:func:`refuse_non_finite`), then log INFO and above to stderr. Returns the parser (for
+    ``parser.error``) and the parsed dataclasses."""
+    parser = DataclassArgumentParser(
         types, description=description, epilog=DEBUG_EPILOG, formatter_class=HelpFormatter
     )
     add_debug_flag(parser)
     refuse_non_finite(parser, argv)
-    parsed = parser.parse_args_into_dataclasses(args=list(argv))
-    configure_logging()
+    parsed = parser.parse_args_into_dataclasses(list(argv))
+    configure_logging(
+        torchao=any(str(getattr(args, "quantization", None)).startswith("torchao") for args in parsed)
+    )
     return parser, tuple(parsed)
 
 
@@ -139,13 +146,42 @@ def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def configure_logging() -> None:
+def configure_logging(torchao: bool = False) -> None:
     """Log hf_vanilla's INFO and everyone's warnings to stderr; other libraries' INFO (the ONNX
-    exporter's hundreds of lines, for one) only with ``--debug``."""
+    exporter's hundreds of lines, for one) only with ``--debug``. Unless the command quantizes with
+    torchao (``torchao``) or ``--debug`` is given, torchao's import messages are dropped
+    (:func:`quiet_unused_torchao`)."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("hf_vanilla").setLevel(logging.INFO)
     if _debugging:
         logging.getLogger().setLevel(logging.INFO)
+    if not torchao:
+        quiet_unused_torchao()
+
+
+class _TorchaoEnums(logging.Filter):
+    """Drops torch's warning that torchao registers its Enum types the deprecated way."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(str(getattr(arg, "__module__", "")).startswith("torchao") for arg in args)
+
+
+_TORCHAO_ENUMS = _TorchaoEnums()
+
+
+def quiet_unused_torchao() -> None:
+    """Keep torchao's import messages out of the output of a command that does not use torchao; call it
+    before the model is loaded. transformers imports torchao whenever it is installed
+    (``transformers.quantizers``, at every model load); torchao then warns that its optional compiled
+    kernels do not load (``Failed to load .../torchao/_C_*.so``: built for another Python or torch) or that
+    Triton is missing, and torch (``torch.utils._pytree``, through torch's own log handler) that torchao
+    registers its Enum types the deprecated way. torchao's errors still show, and with ``--debug`` (train:
+    ``--log_level debug``) everything."""
+    if _debugging:
+        return
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").addFilter(_TORCHAO_ENUMS)  # a filter is added once
 
 
 #: Whether the running command was given ``--debug`` (set by :func:`run_cli`).
@@ -195,8 +231,8 @@ def run_cli(
             raise
         print("interrupted", file=sys.stderr)
         return 130
-    except USER_ERRORS as err:
-        if debug:
+    except Exception as err:
+        if debug or not isinstance(err, user_errors()):
             raise
         print("error:", " ".join(str(err).split()), file=sys.stderr)  # one line, also for multi-line messages
         return 1

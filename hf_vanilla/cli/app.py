@@ -9,7 +9,7 @@ import argparse
 import logging
 import sys
 
-from hf_vanilla.cli import DEBUG_EPILOG, HelpFormatter, add_debug_flag, run_cli
+from hf_vanilla.cli import DEBUG_EPILOG, HelpFormatter, add_debug_flag, quiet_unused_torchao, run_cli
 
 __all__ = ["main"]
 
@@ -29,6 +29,7 @@ def _main(argv: list[str]) -> None:
     parser.add_argument("--title", default=None, help="Page title.")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
+    quiet_unused_torchao()
     from hf_vanilla.demo.app import build_demo  # gradio and torch, after --help
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 
 from hf_vanilla.cli import parse_arguments, run_cli
 from hf_vanilla.io.atomic import OVERWRITE_HELP
-from hf_vanilla.training.averaging import average_checkpoints, average_last_checkpoints
-from hf_vanilla.training.checkpoints import find_complete_checkpoints
 
 
 @dataclass
@@ -50,6 +48,8 @@ class AveragingArguments:
 
 
 def _print_complete_checkpoints(run_dir: str) -> None:
+    from hf_vanilla.training.checkpoints import find_complete_checkpoints  # torch, after --help
+
     found = find_complete_checkpoints(run_dir)
     if not found:
         raise FileNotFoundError(
@@ -72,6 +72,8 @@ def _run(argv: list[str]) -> None:
         return
     if args.output_dir is None:
         parser.error("--output_dir is required: the folder for the averaged model.")
+    from hf_vanilla.training.averaging import average_checkpoints, average_last_checkpoints  # torch
+
     if args.checkpoints is not None:
         average_checkpoints(args.checkpoints, args.output_dir, args.overwrite)
     else:

@@ -15,13 +15,15 @@ import logging
 import sys
 
 from hf_vanilla.cli import parse_arguments, run_cli
-from hf_vanilla.interop.convert import ConversionArguments, convert_from_args
+from hf_vanilla.interop.options import ConversionArguments
 
 logger = logging.getLogger(__name__)
 
 
 def _run(argv: list[str]) -> None:
     _, (args,) = parse_arguments(argv, ConversionArguments, __doc__)
+    from hf_vanilla.interop.convert import convert_from_args  # torch, after --help
+
     convert_from_args(args)
     logger.info("Converted %s into %s", args.source, args.output_dir)
 

@@ -5,19 +5,21 @@ from __future__ import annotations
 import logging
 import sys
 
-from transformers import HfArgumentParser
-
-from hf_vanilla.cli import DEBUG_EPILOG, add_debug_flag, refuse_non_finite, run_cli
-from hf_vanilla.demo.run import DemoArguments, report, run_demo
+from hf_vanilla.cli import DEBUG_EPILOG, add_debug_flag, quiet_unused_torchao, refuse_non_finite, run_cli
+from hf_vanilla.cli.parsing import DataclassArgumentParser
+from hf_vanilla.demo.options import DemoArguments
 
 logger = logging.getLogger(__name__)
 
 
 def _main(argv: list[str]) -> None:
-    parser = HfArgumentParser(DemoArguments, epilog=DEBUG_EPILOG)
+    parser = DataclassArgumentParser(DemoArguments, epilog=DEBUG_EPILOG)
     add_debug_flag(parser)
     refuse_non_finite(parser, argv)
-    (args,) = parser.parse_args_into_dataclasses(args=argv)
+    (args,) = parser.parse_args_into_dataclasses(argv)
+    quiet_unused_torchao()
+    from hf_vanilla.demo.run import report, run_demo  # torch, after --help
+
     logging.basicConfig(
         format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO, stream=sys.stdout
     )

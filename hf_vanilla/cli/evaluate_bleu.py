@@ -1,7 +1,7 @@
 r"""Translate a split with the paper's decoding (§6.1) and report corpus BLEU and chrF (sacreBLEU, offline).
 
     hf-vanilla-evaluate --model_name_or_path runs/base \
-        --validation_files /work/shared/data/multi30k/val --source_lang en --target_lang de \
+        --validation_files data/multi30k/val --source_lang en --target_lang de \
         --split validation --output_dir runs/base/eval
 
 Without --output_dir the results go to <model>/eval, or for a training checkpoint RUN/checkpoint-<step>
@@ -26,23 +26,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hf_vanilla.analysis.evaluation import (
-    BLEU_TOKENIZERS,
-    check_bleu_tokenize,
-    check_tokenized_bleu,
-    choose_bleu_tokenize,
-    evaluate_split_into,
-    load_sacrebleu_test_set,
-    parallel_columns,
-    result_files,
-)
 from hf_vanilla.cli import parse_arguments, run_cli
-from hf_vanilla.data.loading import DataArguments, load_from_args, pair_location
-from hf_vanilla.inference.decoding import DecodingOptions
-from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
-from hf_vanilla.inference.translation import InputTooLongError
+from hf_vanilla.data.options import DataArguments
+from hf_vanilla.inference.options import DecodingOptions, InferenceModelArguments
 from hf_vanilla.io.atomic import OVERWRITE_HELP, refuse_to_replace
-from hf_vanilla.io.safe_loading import checkpoint_step
 
 
 @dataclass
@@ -62,8 +49,9 @@ class EvalArguments:
     bleu_tokenize: str = field(
         default="auto",
         metadata={
-            "help": f"sacreBLEU's BLEU tokenizer: {', '.join(BLEU_TOKENIZERS)} (13a: WMT's), or 'auto': char "
-            "where every reference is one word (the numbers task), else 13a; the output names the one used."
+            "help": "sacreBLEU's BLEU tokenizer: 13a (WMT's), intl, char, zh, none, ... (sacreBLEU's -tok), or "
+            "'auto': char where every reference is one word (the numbers task), else 13a; the output names the one "
+            "used."
         },
     )
     sacrebleu_test_set: str | None = field(
@@ -92,6 +80,8 @@ class EvalArguments:
 def default_output_dir(model: str | Path) -> Path:
     """``<model>/eval``; for a Trainer checkpoint ``RUN/checkpoint-<step>``, ``RUN/eval-checkpoint-<step>``
     (beside it: a checkpoint's folder holds what the run wrote, nothing else)."""
+    from hf_vanilla.io.safe_loading import checkpoint_step  # torch, after --help
+
     model = Path(model)
     if checkpoint_step(model) is not None:
         return model.parent / f"eval-{model.name}"
@@ -102,6 +92,19 @@ def _run(argv: list[str]) -> None:
     _, (model_args, data_args, decoding, eval_args) = parse_arguments(
         argv, (InferenceModelArguments, DataArguments, DecodingOptions, EvalArguments), __doc__
     )
+    from hf_vanilla.analysis.evaluation import (  # sacreBLEU, evaluate and torch, after --help
+        check_bleu_tokenize,
+        check_tokenized_bleu,
+        choose_bleu_tokenize,
+        evaluate_split_into,
+        load_sacrebleu_test_set,
+        parallel_columns,
+        result_files,
+    )
+    from hf_vanilla.data.loading import load_from_args, pair_location
+    from hf_vanilla.inference.loading import load_model_and_tokenizer
+    from hf_vanilla.inference.translation import InputTooLongError
+
     if eval_args.bleu_tokenize != "auto":
         check_bleu_tokenize(eval_args.bleu_tokenize)
     check_tokenized_bleu(eval_args.tokenized_bleu)

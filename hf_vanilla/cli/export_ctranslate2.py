@@ -13,13 +13,15 @@ import logging
 import sys
 
 from hf_vanilla.cli import parse_arguments, run_cli
-from hf_vanilla.interop.export_ctranslate2 import ExportArguments, export_from_args
+from hf_vanilla.interop.options import ExportArguments
 
 logger = logging.getLogger(__name__)
 
 
 def _run(argv: list[str]) -> None:
     _, (args,) = parse_arguments(argv, ExportArguments, __doc__)
+    from hf_vanilla.interop.export_ctranslate2 import export_from_args  # torch, after --help
+
     export_from_args(args)
     logger.info("Exported %s to %s", args.model_dir, args.output_dir)
 

@@ -22,22 +22,35 @@ import sys
 from dataclasses import dataclass, field
 
 from hf_vanilla.cli import parse_arguments, run_cli
-from hf_vanilla.hub.card import card_data_recorded_in, load_results
-from hf_vanilla.hub.push import PublishArguments, publish
-from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.hub.options import PublishArguments
+from hf_vanilla.inference.options import InferenceModelArguments
 from hf_vanilla.io.atomic import refuse_to_replace
 
 
 @dataclass
-class OptionalModelArguments(InferenceModelArguments):
+class PublishModelArguments:
+    """The model options publishing uses (not the batching, backend, precision or quantization of
+    translation: the folder gets the weights as saved)."""
+
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "The trained model folder (not needed with --push_only)."}
     )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder or Hub id; default: the model folder."}
+    )
     device: str = field(default="cpu", metadata={"help": "Where to load the model while saving it."})
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow code shipped with a Hub model (not needed with hf_vanilla installed)."},
+    )
 
 
 def _run(argv: list[str]) -> None:
-    parser, (model_args, args) = parse_arguments(argv, (OptionalModelArguments, PublishArguments), __doc__)
+    parser, (model_args, args) = parse_arguments(argv, (PublishModelArguments, PublishArguments), __doc__)
+    from hf_vanilla.hub.card import card_data_recorded_in, load_results  # huggingface_hub and torch
+    from hf_vanilla.hub.push import publish
+    from hf_vanilla.inference.loading import load_model_and_tokenizer
+
     model = tokenizer = None
     if not args.push_only:
         if not model_args.model_name_or_path:
@@ -52,7 +65,7 @@ def _run(argv: list[str]) -> None:
         load_results(
             args.results_files or [], model_args.model_name_or_path
         )  # this model's scores, read early
-        model, tokenizer = load_model_and_tokenizer(model_args)
+        model, tokenizer = load_model_and_tokenizer(InferenceModelArguments(**vars(model_args)))
     folder = publish(model, tokenizer, args, model_dir=model_args.model_name_or_path)
     print(folder)
 

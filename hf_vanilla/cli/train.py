@@ -22,23 +22,68 @@ Every option and its paper default: `hf-vanilla-train --help`.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
+from importlib.metadata import version
+from typing import Any, get_type_hints
 
-from transformers import HfArgumentParser
+from hf_vanilla.cli import HelpFormatter, quiet_unused_torchao, refuse_non_finite, run_cli
+from hf_vanilla.cli.parsing import TRAINING_ARGUMENTS_JSON, DataclassArgumentParser
+from hf_vanilla.data.options import DataArguments
+from hf_vanilla.hub.options import DatasetCardArguments
+from hf_vanilla.training.options import PaperRecipeArguments, TrainingModelArguments
 
-from hf_vanilla.cli import refuse_non_finite, run_cli
-from hf_vanilla.data.loading import DataArguments
-from hf_vanilla.training.arguments import PaperTrainingArguments, TrainingModelArguments
-from hf_vanilla.training.run import run_training, setup_logging
+EPILOG = "An error ends in one line; --log_level debug shows its traceback."
+#: How the parser of a run and that of ``--help`` present the options.
+PARSER_KWARGS: dict[str, Any] = {"description": __doc__, "epilog": EPILOG, "formatter_class": HelpFormatter}
+
+
+def help_parser() -> DataclassArgumentParser | None:
+    """The parser of ``--help``, built without importing transformers or torch: our own options as
+    dataclass fields, transformers' ``Seq2SeqTrainingArguments`` options from their description
+    (:data:`~hf_vanilla.cli.parsing.TRAINING_ARGUMENTS_JSON`), in the order ``PaperTrainingArguments``
+    has them. ``None`` where the description is of another transformers version than the one installed."""
+    description = json.loads(TRAINING_ARGUMENTS_JSON.read_text(encoding="utf-8"))
+    if description["transformers"] != version("transformers"):
+        return None
+    parser = DataclassArgumentParser((TrainingModelArguments, DataArguments), **PARSER_KWARGS)
+    ours: dict[str, tuple[dataclasses.Field, Any]] = {}
+    for dtype in (DatasetCardArguments, PaperRecipeArguments):  # as dataclasses collect the bases' fields
+        hints = get_type_hints(dtype)
+        ours |= {item.name: (item, hints[item.name]) for item in dataclasses.fields(dtype)}
+    described: dict[str, list[dict[str, Any]]] = {}
+    for action in description["actions"]:
+        described.setdefault(action["dest"], []).append(action)
+    for name in dict.fromkeys([*described, *ours]):
+        if name in ours:
+            parser.add_field(*ours[name])
+        else:
+            parser.add_described(described[name])
+    return parser
+
+
+def parser() -> DataclassArgumentParser:
+    """The parser of a training run (imports transformers and torch)."""
+    from hf_vanilla.training.arguments import PaperTrainingArguments
+
+    return DataclassArgumentParser(
+        (TrainingModelArguments, DataArguments, PaperTrainingArguments), **PARSER_KWARGS
+    )
 
 
 def _run(argv: list[str]) -> None:
-    parser = HfArgumentParser(
-        (TrainingModelArguments, DataArguments, PaperTrainingArguments),
-        epilog="An error ends in one line; --log_level debug shows its traceback.",
-    )
-    refuse_non_finite(parser, argv)
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if "-h" in argv or "--help" in argv:
+        light = help_parser()
+        if light is not None:
+            light.print_help()
+            light.exit()
+    quiet_unused_torchao()  # training does not use torchao
+    real = parser()
+    refuse_non_finite(real, argv)
+    model_args, data_args, training_args = real.parse_args_into_dataclasses(argv)
+    from hf_vanilla.training.run import run_training, setup_logging  # torch
+
     setup_logging(training_args)
     run_training(model_args, data_args, training_args)
 

@@ -40,7 +40,6 @@ import logging
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +48,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hf_vanilla.data.numbers import make_demo_splits
+from hf_vanilla.data.options import DataArguments
+from hf_vanilla.data.text import text_lines
 
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
-#: A UTF-8 byte-order mark, which some editors put at the start of a text file: dropped when read.
-BOM = "\ufeff"
 #: Bump when the reading rules (whitespace, formats) change: text cached by older rules is then not used.
 TEXT_FORMAT = 1
 
@@ -68,104 +67,6 @@ _LOCAL_FILES_HELP = (
     "In Python: `load_local_files({{'train': [...], 'validation': [...]}}, source_lang='{src}', "
     "target_lang='{tgt}')`."
 )
-
-
-# ----------------------------------------------------------------------------------------------------
-# Arguments
-# ----------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class DataArguments:
-    """Where the parallel data comes from. Exactly one source: `dataset_name`, local files, or `demo`."""
-
-    source_lang: str = field(
-        default="en", metadata={"help": "Source language code (a key of `translation`)."}
-    )
-    target_lang: str = field(
-        default="de", metadata={"help": "Target language code (a key of `translation`)."}
-    )
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "Hub dataset name, e.g. `wmt14` (the paper's WMT 2014 English-German, §5.1). "
-            "Needs the Hub or a cached copy (HF_HUB_OFFLINE=1 uses the cache only)."
-        },
-    )
-    dataset_config_name: str | None = field(
-        default=None, metadata={"help": "Hub dataset config, e.g. `de-en` for `wmt14`."}
-    )
-    source_column: str | None = field(
-        default=None,
-        metadata={
-            "help": "With --dataset_name: the column holding source sentences, for a dataset without a "
-            "`translation` column (give --target_column too)."
-        },
-    )
-    target_column: str | None = field(
-        default=None, metadata={"help": "With --dataset_name: the column holding target sentences."}
-    )
-    train_files: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Local training data: SRC_FILE TGT_FILE (plain text, one sentence per line, .gz ok), "
-            "or PREFIX (PREFIX.<source_lang> and PREFIX.<target_lang>, .gz ok), or one .jsonl file "
-            "(`translation` object per line) or one .tsv file (source<TAB>target)."
-        },
-    )
-    validation_files: list[str] | None = field(
-        default=None, metadata={"help": "Local validation data, same forms as --train_files."}
-    )
-    test_files: list[str] | None = field(
-        default=None, metadata={"help": "Local test data, same forms as --train_files."}
-    )
-    demo: bool = field(
-        default=False,
-        metadata={
-            "help": "Use the embedded demo task: English → German spelled-out numbers (no files needed)."
-        },
-    )
-    demo_max_number: int = field(
-        default=9999, metadata={"help": "Demo task: largest number (at most 999999); numbers are 0..max."}
-    )
-    demo_train_size: int = field(default=6000, metadata={"help": "Demo task: number of training pairs."})
-    demo_validation_size: int = field(
-        default=500, metadata={"help": "Demo task: number of validation pairs."}
-    )
-    demo_test_size: int = field(default=500, metadata={"help": "Demo task: number of test pairs."})
-    max_train_samples: int | None = field(
-        default=None, metadata={"help": "Keep only the first N training pairs (for quick runs)."}
-    )
-    max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Keep only the first N validation and test pairs (for quick runs)."}
-    )
-    demo_seed: int = field(
-        default=42, metadata={"help": "Demo task: seed for the choice of numbers per split."}
-    )
-    tokenized_cache_dir: str | None = field(
-        default=None,
-        metadata={
-            "help": "Where to cache the tokenized data, in a folder per fingerprint of the data files, tokenizer "
-            "and lengths, so that a restart or resume does not tokenize again (default: "
-            "$HF_DATASETS_CACHE/hf_vanilla_tokenized). Delete it to free the disk space."
-        },
-    )
-
-    def local_files(self) -> dict[str, list[str]]:
-        """The local file arguments given, by split name."""
-        given = {"train": self.train_files, "validation": self.validation_files, "test": self.test_files}
-        return {split: files for split, files in given.items() if files}
-
-    def input_paths(self) -> list[str]:
-        """Every local path the data arguments may read (a prefix's language files included), for the
-        check that no output replaces an input (:func:`hf_vanilla.io.atomic.refuse_to_replace`)."""
-        langs = (self.source_lang, self.target_lang)
-        return [
-            name
-            for files in self.local_files().values()
-            for file in files
-            for name in (file, *(f"{file}.{lang}{gz}" for lang in langs for gz in ("", ".gz")))
-        ]
 
 
 def load_from_args(args: DataArguments) -> datasets.DatasetDict:
@@ -373,32 +274,6 @@ def _check_file(path: Path) -> None:
         raise FileNotFoundError(f"Data file {str(path)!r} does not exist. Check the path.")
     if path.is_dir():
         raise IsADirectoryError(f"Data file {str(path)!r} is a folder; give the file in it.")
-
-
-def text_lines(stream: Iterable[bytes | str], name: str) -> Iterator[str]:
-    """The lines of ``stream`` (bytes, or already decoded text) without their line ends and without a
-    UTF-8 byte-order mark at the start. A line that is not UTF-8 text or holds a NUL byte raises
-    ``ValueError`` naming ``name`` and the line number."""
-    for number, raw in enumerate(stream, start=1):
-        if isinstance(raw, bytes):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(
-                    f"{name}, line {number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1} "
-                    "of the line). Give plain UTF-8 text, one sentence per line (convert other encodings with "
-                    "e.g. `iconv -f latin1 -t utf-8`)."
-                ) from None
-        else:
-            line = raw
-        if number == 1:
-            line = line.removeprefix(BOM)
-        if "\x00" in line:
-            raise ValueError(
-                f"{name}, line {number}: a NUL byte, so this is binary data, not text. Give plain UTF-8 text, "
-                "one sentence per line."
-            )
-        yield line.rstrip("\n").rstrip("\r")
 
 
 def _read_lines(path: Path) -> Iterator[str]:

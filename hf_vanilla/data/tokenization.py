@@ -27,53 +27,29 @@ import json
 import logging
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     AutoTokenizer,
     PretrainedConfig,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
-    TrainingArguments,
 )
 
-from hf_vanilla.data.loading import DataArguments
-from hf_vanilla.io.atomic import OVERWRITE_HELP
+from hf_vanilla.data.options import TOKENIZER_SAMPLE_PAIRS, DataArguments
+from hf_vanilla.data.options import TokenizerArguments as TokenizerArguments  # its old home
+
+if TYPE_CHECKING:  # each costs seconds to import, and translation does not use them
+    import datasets
+    from transformers import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3 in this order
 _MIN_VOCAB = len(SPECIAL_TOKENS) + 256  # specials + the byte alphabet
-#: Pairs the tokenizer is trained on by default: all of Multi30k, a strided 1 M-pair sample of WMT14's 4.5 M.
-TOKENIZER_SAMPLE_PAIRS = 1_000_000
-
-
-@dataclass
-class TokenizerArguments:
-    """How to train the shared BPE tokenizer (§5.1)."""
-
-    output_dir: str = field(metadata={"help": "Where to save the tokenizer (save_pretrained format)."})
-    vocab_size: int = field(
-        default=37000,
-        metadata={
-            "help": "Shared source+target vocabulary size, special tokens included (paper §5.1: ~37000)."
-        },
-    )
-    min_frequency: int = field(default=2, metadata={"help": "Minimum count of a pair to be merged."})
-    split: str = field(default="train", metadata={"help": "Which split to train the tokenizer on."})
-    max_pairs: int = field(
-        default=TOKENIZER_SAMPLE_PAIRS,
-        metadata={
-            "help": "Train on at most this many pairs, taken evenly spaced over the split (every k-th pair), to "
-            "bound time and memory on large corpora; 0 = all pairs."
-        },
-    )
-    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
 
 
 def _wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
@@ -160,6 +136,8 @@ def train_tokenizer_from_dataset(
     tokens; rare words (seen in the full corpus but not the sample) are split into more, smaller
     pieces — they are still encoded, byte-level BPE has no unknown tokens.
     """
+    import datasets
+
     if isinstance(data, datasets.DatasetDict):
         if split not in data:
             raise ValueError(f"No split {split!r} to train the tokenizer on; the data has {list(data)}.")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from hf_vanilla.hub.folder import TRAINING_ARGS_JSON
+from hf_vanilla.hub.options import KNOWN_DATASETS, MULTI30K, DatasetCard, DatasetCardArguments
 from hf_vanilla.hub.record import read_training_record
 from hf_vanilla.io.checksums import weights_fingerprint
 
@@ -39,50 +40,6 @@ _LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "cs": "Czech
 
 #: The title of a card whose folder records none and that has no Hub id.
 GENERIC_TITLE = "Transformer (Attention Is All You Need), {source} → {target}"
-
-
-@dataclass
-class DatasetCard:
-    """What the model card says about the training/evaluation data."""
-
-    dataset_id: str
-    name: str
-    url: str | None = None
-    terms: str = ""
-    citation: str | None = None
-    #: Hub license of the weights: "other" when the data's terms restrict their use.
-    license: str = "other"
-    license_name: str | None = None
-    license_link: str | None = None
-
-
-#: Multi30k Task 1, as described in /work/shared/data/multi30k/README.md (no LICENSE upstream; the
-#: authors provide it for non-commercial research and education only).
-MULTI30K = DatasetCard(
-    dataset_id="multi30k",
-    name="Multi30k (Task 1)",
-    url="https://github.com/multi30k/dataset",
-    terms=(
-        'Multi30K has no license file. Its authors provide the resources "solely [...] for researchers and '
-        'educators who wish to use the dataset for non-commercial research and/or educational purposes"; '
-        "it is partly derived from Flickr30K, whose images fall under the Flickr Terms of Use (only the text "
-        "was used here). The data is not openly licensed, so these weights inherit the restriction: "
-        "**non-commercial research and education use only**."
-    ),
-    citation=(
-        "@inproceedings{elliott-etal-2016-multi30k,\n"
-        "  title     = {Multi30K: Multilingual English-German Image Descriptions},\n"
-        "  author    = {Elliott, Desmond and Frank, Stella and Sima'an, Khalil and Specia, Lucia},\n"
-        "  booktitle = {Proceedings of the 5th Workshop on Vision and Language},\n"
-        "  pages     = {70--74},\n"
-        "  year      = {2016},\n"
-        "  doi       = {10.18653/v1/W16-3210},\n"
-        "}"
-    ),
-    license="other",
-    license_name="multi30k-non-commercial-research",
-    license_link="https://github.com/multi30k/dataset",
-)
 
 
 def default_template_path() -> Path:
@@ -200,37 +157,6 @@ def render_model_card(
 # --------------------------------------------------------------------------------------------------
 # The publish command (hf-vanilla-publish, scripts/publish.py)
 # --------------------------------------------------------------------------------------------------
-
-KNOWN_DATASETS = {"multi30k": MULTI30K}
-
-
-@dataclass(kw_only=True)
-class DatasetCardArguments:
-    """The training data as the model card names it, with its terms and the weights' license. There is no
-    default: ``hf-vanilla-publish`` requires it, and ``hf-vanilla-train --push_to_hub`` requires it before
-    training and records it in ``training_args.json``."""
-
-    dataset: str | None = field(
-        default=None,
-        metadata={
-            "help": f"For the model card: the training data, one of {sorted(KNOWN_DATASETS)} or 'custom' (then "
-            "give --dataset_id, --data_terms and --weights_license). Required to publish, unless the training "
-            "run recorded it."
-        },
-    )
-    dataset_id: str | None = field(
-        default=None, metadata={"help": "custom data: Hub dataset id or short name."}
-    )
-    dataset_display_name: str | None = field(
-        default=None, metadata={"help": "custom data: name on the card."}
-    )
-    data_terms: str | None = field(
-        default=None, metadata={"help": "custom data: its license / terms of use."}
-    )
-    weights_license: str | None = field(
-        default=None,
-        metadata={"help": "custom data: Hub license id of the weights (e.g. 'apache-2.0', 'other')."},
-    )
 
 
 def dataset_card_from_args(args: DatasetCardArguments) -> DatasetCard:

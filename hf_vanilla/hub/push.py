@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,6 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
 
 from hf_vanilla.hub.card import (
-    DatasetCardArguments,
     card_title,
     dataset_card_from_args,
     load_results,
@@ -43,9 +41,10 @@ from hf_vanilla.hub.card import (
     without_local_paths,
 )
 from hf_vanilla.hub.folder import save_for_hub
+from hf_vanilla.hub.options import PublishArguments
 from hf_vanilla.hub.record import read_training_record
 from hf_vanilla.inference.decoding import EARLY_STOPPING
-from hf_vanilla.io.atomic import OVERWRITE_HELP, atomic_directory, refuse_to_replace
+from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
 from hf_vanilla.io.checksums import weights_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -120,62 +119,6 @@ def push_to_hub(
     url = str(getattr(commit, "commit_url", commit))
     logger.info("Pushed %s to %s", folder, url)
     return url
-
-
-@dataclass
-class PublishArguments(DatasetCardArguments):
-    """What to publish and where (and, from :class:`DatasetCardArguments`, the data the card names:
-    required unless ``--push_only``)."""
-
-    output_dir: str = field(
-        metadata={
-            "help": "The folder to write: exactly what would be pushed to the Hub (an existing one needs "
-            "--overwrite, and is then replaced whole)."
-        }
-    )
-    results_files: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "One or more <split>.results.json written by hf-vanilla-evaluate (scores for the card)."
-        },
-    )
-    push_to_hub: bool = field(
-        default=False, metadata={"help": "Upload the folder (needs --hub_model_id, network, login)."}
-    )
-    hub_model_id: str | None = field(
-        default=None, metadata={"help": "Hub repo id, e.g. 'user/transformer-base-en-de'."}
-    )
-    private: bool = field(
-        default=False,
-        metadata={"help": "Create the Hub repo as private (without it: the owner's default visibility)."},
-    )
-    hub_revision: str | None = field(
-        default=None,
-        metadata={"help": "Push to this branch of the repo (created if needed) instead of main."},
-    )
-    push_only: bool = field(
-        default=False, metadata={"help": "Push an already written --output_dir without rebuilding it."}
-    )
-    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
-    model_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "Title of the card; default: the title the model folder records (the demo's), else the "
-            "Hub repo's name."
-        },
-    )
-    training_summary: str | None = field(
-        default=None,
-        metadata={
-            "help": "Training paragraph; default: what the model folder records (training_record.json, "
-            "trainer_state.json), 'unknown' where it records nothing."
-        },
-    )
-    code_url: str | None = field(default=None, metadata={"help": "Link to the hf_vanilla code on the card."})
-    model_card_template: str | None = field(
-        default=None,
-        metadata={"help": "Jinja template of the card; default: hf_vanilla/hub/templates/model_card.md."},
-    )
 
 
 def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str | Path | None = None) -> Path:

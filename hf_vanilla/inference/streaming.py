@@ -12,7 +12,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from hf_vanilla.data.loading import text_lines
+from hf_vanilla.data.text import text_lines
 from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.inference.translation import InputTooLongError, format_nbest, translate_nbest
 from hf_vanilla.io.atomic import atomic_file, refuse_to_replace

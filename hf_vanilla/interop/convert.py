@@ -32,7 +32,6 @@ import copy
 import logging
 import re
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,7 +40,8 @@ from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, Offl
 from transformers import AutoConfig, FSMTForConditionalGeneration, MarianMTModel, PreTrainedModel
 
 from hf_vanilla.hub.folder import save_model_folder
-from hf_vanilla.io.atomic import OVERWRITE_HELP, atomic_directory, refuse_to_replace
+from hf_vanilla.interop.options import ConversionArguments as ConversionArguments  # its old home
+from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
 from hf_vanilla.io.errors import CheckpointError
 from hf_vanilla.io.pickles import verify_pickle_file
 from hf_vanilla.io.safe_loading import load_pretrained_checked
@@ -95,25 +95,6 @@ _HUB_WEIGHT_PATTERNS = [
 
 class ConversionError(ValueError):
     """The checkpoint uses something hf_vanilla cannot represent; the message names it."""
-
-
-@dataclass
-class ConversionArguments:
-    """Convert a Marian (OPUS-MT) or FSMT (fairseq WMT) model into an hf_vanilla model folder."""
-
-    source: str = field(
-        metadata={"help": "A local model folder or a Hugging Face Hub id (e.g. Helsinki-NLP/opus-mt-de-en)."}
-    )
-    output_dir: str = field(metadata={"help": "Where to write the hf_vanilla model folder."})
-    source_format: str = field(
-        default="auto",
-        metadata={
-            "help": "The source model class: 'marian', 'fsmt', or 'auto' (read config.json).",
-            "aliases": ["--from"],
-        },
-    )
-    revision: str | None = field(default=None, metadata={"help": "Hub revision (branch, tag or commit)."})
-    overwrite: bool = field(default=False, metadata={"help": OVERWRITE_HELP})
 
 
 # --------------------------------------------------------------------------------------------------

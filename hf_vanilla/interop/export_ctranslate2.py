@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,6 +38,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from hf_vanilla.data.tokenization import check_tokenizer_matches_config
 from hf_vanilla.hub.folder import limit_tokenizer_length
+from hf_vanilla.interop.options import ExportArguments as ExportArguments  # its old home
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
 from hf_vanilla.io.safe_loading import load_pretrained_checked
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
@@ -61,27 +61,6 @@ except ImportError:  # optional dependency: every entry point below says how to 
 _INSTALL_HINT = (
     "CTranslate2 is not installed: `pip install 'hf_vanilla[ct2]'` (or `pip install ctranslate2`)."
 )
-
-
-@dataclass
-class ExportArguments:
-    """Write a CTranslate2 model from an hf_vanilla model folder (with its tokenizer)."""
-
-    model_dir: str = field(metadata={"help": "The hf_vanilla model folder (model, config and tokenizer)."})
-    output_dir: str = field(metadata={"help": "Where to write the CTranslate2 model."})
-    quantization: str | None = field(
-        default=None,
-        metadata={
-            "help": "CTranslate2 weight type, e.g. int8, int8_float32, float16 (default: keep float32)."
-        },
-    )
-    overwrite: bool = field(
-        default=False,
-        metadata={
-            "help": "Replace an existing output_dir (written to a temporary folder, then renamed into place).",
-            "aliases": ["--force"],
-        },
-    )
 
 
 def _require_ctranslate2() -> None:

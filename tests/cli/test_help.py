@@ -1,34 +1,37 @@
-"""Every command's ``--help`` answers without importing torch (or datasets, evaluate, accelerate), and
-lists ``--debug``."""
+"""Every command's ``--help`` answers without importing torch or transformers (or datasets, evaluate,
+accelerate), lists ``--debug``, and says what transformers' ``HfArgumentParser`` would say."""
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from transformers import HfArgumentParser
 
-#: Commands whose options still live beside heavy code (not yet split out): their --help imports torch.
-NOT_YET_LIGHT = {
-    "evaluate_bleu": "DataArguments lives in hf_vanilla.data.loading, which imports datasets",
-    "publish": "PublishArguments lives in hf_vanilla.hub.push, which imports the model",
-    "convert": "ConversionArguments lives in hf_vanilla.interop.convert, which imports torch",
-    "export_ctranslate2": "ExportArguments lives in hf_vanilla.interop.export_ctranslate2, which imports torch",
-    "demo": "DemoArguments lives in hf_vanilla.demo.run, which imports torch",
-    "train_tokenizer": "TokenizerArguments lives in hf_vanilla.data.tokenization, which imports datasets",
-    "average_checkpoints": "it imports hf_vanilla.training.averaging, which imports torch",
-    "train": "TrainingArguments imports torch",
-}
-COMMANDS = [
+import hf_vanilla.cli
+from hf_vanilla.cli import add_debug_flag
+from hf_vanilla.cli.parsing import DataclassArgumentParser
+
+#: The commands built on dataclasses (hf-vanilla-app's parser is plain argparse).
+DATACLASS_COMMANDS = [
     "translate",
     "export_onnx",
     "plot",
-    "app",
-    *NOT_YET_LIGHT,
+    "evaluate_bleu",
+    "publish",
+    "convert",
+    "export_ctranslate2",
+    "demo",
+    "train_tokenizer",
+    "average_checkpoints",
 ]
-HEAVY = ("torch", "datasets", "evaluate", "accelerate")
+COMMANDS = [*DATACLASS_COMMANDS, "app", "train"]
+HEAVY = ("torch", "transformers", "huggingface_hub", "datasets", "evaluate", "accelerate", "sacrebleu")
 
 CODE = """
 import sys
@@ -41,15 +44,7 @@ print("IMPORTED", [name for name in {heavy!r} if name in sys.modules])
 """
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(reason=NOT_YET_LIGHT[name], strict=True))
-        if name in NOT_YET_LIGHT
-        else name
-        for name in COMMANDS
-    ],
-)
+@pytest.mark.parametrize("command", COMMANDS)
 def test_help_imports_no_torch_and_lists_debug(command: str) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     result = subprocess.run(
@@ -61,8 +56,9 @@ def test_help_imports_no_torch_and_lists_debug(command: str) -> None:
         check=True,
     )
     assert "--debug" in result.stdout
-    if command == "plot":  # a picture needs no translation batching, backend or quantization
-        assert "--quantization" not in result.stdout and "--max_tokens" not in result.stdout
+    if command in ("plot", "publish"):  # a picture or a Hub folder needs no batching, backend or quantization
+        for flag in ("--quantization", "--max_tokens", "--batch_size", "--backend", "--dtype"):
+            assert flag not in result.stdout, flag
     assert result.stdout.splitlines()[-1] == "IMPORTED []", result.stdout.splitlines()[-1]
 
 
@@ -86,3 +82,115 @@ print("OK")
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )
     assert result.stdout.strip() == "OK", result.stderr[-2000:]
+
+
+class _Recording(DataclassArgumentParser):
+    """The light parser, remembering how the command built it."""
+
+    made: list[tuple[object, dict, DataclassArgumentParser]] = []
+
+    def __init__(self, dataclass_types: object, **kwargs: object) -> None:
+        super().__init__(dataclass_types, **kwargs)
+        _Recording.made.append((dataclass_types, kwargs, self))
+
+
+@pytest.mark.parametrize("command", DATACLASS_COMMANDS)
+def test_help_is_what_transformers_parser_says(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The light parser makes the options (flags, defaults, choices, types, help) that transformers'
+    ``HfArgumentParser`` makes of the same dataclasses, so its ``--help`` cannot drift from the real one."""
+    module = importlib.import_module(f"hf_vanilla.cli.{command}")
+    monkeypatch.setenv("COLUMNS", "100")
+    _Recording.made.clear()
+    monkeypatch.setattr(hf_vanilla.cli, "DataclassArgumentParser", _Recording)
+    if hasattr(module, "DataclassArgumentParser"):
+        monkeypatch.setattr(module, "DataclassArgumentParser", _Recording)
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    light_help = capsys.readouterr().out
+    ((types, kwargs, light),) = _Recording.made
+    real = HfArgumentParser(types, **kwargs)
+    add_debug_flag(real)
+    assert light.format_help() == light_help
+    assert light_help == real.format_help()
+
+    def options(parser: object) -> list[tuple[object, ...]]:
+        return [
+            (
+                a.option_strings,
+                a.dest,
+                a.default,
+                a.nargs,
+                a.const,
+                a.choices,
+                a.required,
+                a.help,
+                getattr(a.type, "__name__", a.type),
+                type(a).__name__,
+            )
+            for a in parser._actions
+        ]
+
+    assert options(light) == options(real)
+
+
+def _options(parser: object, types: bool = True) -> list[tuple[object, ...]]:
+    """What ``--help`` and parsing make of each option of ``parser``."""
+    return [
+        (
+            a.option_strings,
+            a.dest,
+            a.default,
+            a.nargs,
+            a.const,
+            None if a.choices is None else list(a.choices),
+            a.required,
+            a.help,
+            type(a).__name__,
+        )
+        + ((getattr(a.type, "__name__", a.type),) if types else ())
+        for a in parser._actions
+    ]
+
+
+def test_train_help_is_what_transformers_parser_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hf-vanilla-train --help`` (transformers' options from their description) says what
+    ``HfArgumentParser`` says of the dataclasses a training run parses, and a run parses them as it does."""
+    from hf_vanilla.cli.parsing import TRAINING_ARGUMENTS_JSON, describe_training_arguments
+    from hf_vanilla.cli.train import PARSER_KWARGS, help_parser, parser
+    from hf_vanilla.data.options import DataArguments
+    from hf_vanilla.training.arguments import PaperTrainingArguments, TrainingModelArguments
+
+    assert json.loads(TRAINING_ARGUMENTS_JSON.read_text(encoding="utf-8")) == describe_training_arguments(), (
+        "transformers' training options changed: rewrite hf_vanilla/cli/seq2seq_training_arguments.json with "
+        "TRAINING_ARGUMENTS_JSON.write_text(json.dumps(describe_training_arguments(), indent=1, "
+        "ensure_ascii=False) + '\\n')"
+    )
+    monkeypatch.setenv("COLUMNS", "100")
+    real = HfArgumentParser((TrainingModelArguments, DataArguments, PaperTrainingArguments), **PARSER_KWARGS)
+    light = help_parser()
+    assert light is not None
+    assert light.format_help() == real.format_help()
+    assert _options(light, types=False) == _options(real, types=False)
+    assert _options(parser()) == _options(real)
+
+
+def test_train_presets_are_the_configuration_presets() -> None:
+    from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import PRESETS
+    from hf_vanilla.training.options import PRESET_NAMES
+
+    assert sorted(PRESET_NAMES) == sorted(PRESETS)
+
+
+def test_train_help_of_another_transformers_version_comes_from_transformers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A description of other transformers' options is not used: the help then imports transformers."""
+    import hf_vanilla.cli.train as train
+
+    description = json.loads(train.TRAINING_ARGUMENTS_JSON.read_text(encoding="utf-8"))
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps({**description, "transformers": "0.0.1"}), encoding="utf-8")
+    monkeypatch.setattr(train, "TRAINING_ARGUMENTS_JSON", stale)
+    assert train.help_parser() is None
