@@ -39,6 +39,16 @@ def datasets_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     patch.undo()
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Every test starts on one torch thread (as set above): a ``ctranslate2.Translator`` sets the process's
+    OpenMP thread count, torch's included, to the machine's cores, and every later test then ran its tiny
+    matrices on 2 spinning threads (3-10x the CPU time on a loaded 2-core machine)."""
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+    yield
+
+
 @pytest.fixture
 def model() -> VanillaTransformerForConditionalGeneration:
     return tiny_model()

@@ -1117,6 +1117,7 @@ def test_a_zero_learning_rate_is_warned_about_before_training(
 # --------------------------------------------------------------------------------------------------
 # Real processes: no traceback for a user error; --debug shows it
 # --------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # two real processes importing the whole stack
 def test_a_user_error_in_a_process_is_one_line_and_debug_shows_the_traceback(
     world: World, tmp_path: Path
 ) -> None:
@@ -1292,6 +1293,7 @@ def test_a_second_run_into_a_folder_in_use_is_refused_in_one_line(
     assert list(out.iterdir()) == []  # the second run wrote nothing
 
 
+@pytest.mark.slow  # a real process importing the whole stack
 def test_a_killed_run_does_not_leave_its_folder_locked(world: World, tmp_path: Path) -> None:
     from hf_vanilla.training.checkpoints import RunInUseError, hold_run_dir
 
@@ -1587,6 +1589,7 @@ def test_sigterm_during_a_folder_write_leaves_no_staged_folder(tmp_path: Path) -
     assert _snapshot(tmp_path) == before  # the old folder as it was, no .out.tmp-... beside it
 
 
+@pytest.mark.slow  # a real process importing the whole stack
 def test_sigterm_during_translation_leaves_the_folder_as_it_was(world: World, tmp_path: Path) -> None:
     """SIGTERM while ``--output_file`` is being written (stdin kept open, so the command is mid-way):
     the old output stays, the temporary file goes, and the command ends in one line, status 143."""

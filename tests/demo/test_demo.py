@@ -1,4 +1,5 @@
-"""The main job, `python -m hf_vanilla.demo`: a quick run checks the plumbing, a slow one the promise."""
+"""The main job, `python -m hf_vanilla.demo`: a quick run checks the plumbing, a full one the promise
+(both real processes: the slow tier)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def _check_folder(output_dir: Path) -> dict:
     return json.loads((output_dir / "demo_results.json").read_text())
 
 
+@pytest.mark.slow  # the demo as a process, then clean-interpreter loads and card runs
 def test_quick_demo_writes_everything_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     result = _run_demo("--quick", "--max_steps", "6", "--output_dir", str(out), timeout=600)

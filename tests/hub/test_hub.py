@@ -193,6 +193,7 @@ print(json.dumps({"module": type(model).__module__, "ids": generated.tolist()}))
 """
 
 
+@pytest.mark.slow  # a clean-interpreter load
 def test_published_folder_loads_and_generates_without_hf_vanilla(model, tokenizer, tmp_path: Path) -> None:
     folder = save_for_hub(model, tokenizer, tmp_path / "hub", card_for(model))
     sentences = ["w1 w2 w3", "w4"]
@@ -455,6 +456,7 @@ def test_a_failed_private_push_to_a_branch_names_both_in_the_retry_command(
     assert f"hf upload someone/tiny-transformer {hub_folder} . --revision v2 --private" in message
 
 
+@pytest.mark.slow  # two training runs and a clean-interpreter load
 def test_train_push_uploads_the_publish_folder_and_a_resumed_run_pushes_again(
     tokenizer, tmp_path: Path, hub: FakeHub, no_trainer_push: None
 ) -> None:

@@ -229,6 +229,7 @@ def test_the_cli_applies_max_length_budgets_and_dtype(folder: Path, tmp_path: Pa
     assert max(len(line.split()) for line in expected) <= 3 and any(expected)
 
 
+@pytest.mark.slow  # a real process importing the whole stack
 def test_an_error_in_a_slow_stdin_stream_ends_in_one_line_and_status_1(folder: Path) -> None:
     """A real process reads a pipe that stays open: after a line is translated, an over-long line ends it
     with one ``error:`` line and status 1 while its stdin reader still waits for more."""

@@ -33,6 +33,7 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
     return input_ids, attention_mask
 
 
+@pytest.mark.slow  # torch.export's graph capture (dynamo), as the compile checks
 def test_torch_export_equals_eager_and_the_full_forward() -> None:
     model = tiny_model()
     encoder_program, decoder_program = export_programs(model)
@@ -63,7 +64,7 @@ def test_export_refuses_a_training_model() -> None:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A tiny model folder and its ONNX export, written by the command."""
+    """A tiny model folder and its ONNX export, written by the command (its tests: the slow tier)."""
     pytest.importorskip(
         "onnxruntime", reason="the ONNX route needs the `onnx` extra: pip install -e '.[onnx]'"
     )
@@ -76,6 +77,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return folder, tmp / "onnx"
 
 
+@pytest.mark.slow  # the ONNX export (torch's dynamo exporter): tens of seconds
 def test_onnx_runtime_greedy_equals_generate(exported: tuple[Path, Path]) -> None:
     from transformers import AutoModelForSeq2SeqLM
 
@@ -106,6 +108,7 @@ def test_onnx_runtime_greedy_equals_generate(exported: tuple[Path, Path]) -> Non
     np.testing.assert_array_equal(got, want.numpy())
 
 
+@pytest.mark.slow  # the ONNX export (torch's dynamo exporter): tens of seconds
 def test_export_command_keeps_an_existing_output(exported: tuple[Path, Path], capsys) -> None:
     from hf_vanilla.cli.export_onnx import main
 
@@ -126,6 +129,7 @@ def _pytorch_and_onnx(exported: tuple[Path, Path]) -> tuple[torch.nn.Module, tor
     return model, OnnxVanillaTransformerForConditionalGeneration.from_pretrained(onnx_dir, intra_op_threads=1)
 
 
+@pytest.mark.slow  # the ONNX export (torch's dynamo exporter): tens of seconds
 def test_onnx_generate_equals_pytorch_greedy_and_beam(exported: tuple[Path, Path]) -> None:
     model, onnx_model = _pytorch_and_onnx(exported)
     config = onnx_model.generation_config  # the paper's decoding, as the PyTorch model's (§6.1)
@@ -145,6 +149,7 @@ def test_onnx_generate_equals_pytorch_greedy_and_beam(exported: tuple[Path, Path
         torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"generate({settings})")
 
 
+@pytest.mark.slow  # the ONNX export (torch's dynamo exporter): tens of seconds
 def test_onnx_generate_samples_as_pytorch_with_a_seed(exported: tuple[Path, Path]) -> None:
     model, onnx_model = _pytorch_and_onnx(exported)
     input_ids, attention_mask = _batch()
@@ -162,6 +167,7 @@ def test_onnx_generate_samples_as_pytorch_with_a_seed(exported: tuple[Path, Path
     assert not torch.equal(outputs[0], greedy)  # it did sample
 
 
+@pytest.mark.slow  # the ONNX export (torch's dynamo exporter): tens of seconds
 def test_onnx_forward_refuses_a_prompt_without_the_start_token(exported: tuple[Path, Path]) -> None:
     _, onnx_model = _pytorch_and_onnx(exported)
     input_ids, attention_mask = _batch()

@@ -5,10 +5,9 @@ quantization, accelerate hooks, module hooks, torch.func, deepcopy/pickle, other
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
-import os
 import pickle
-import subprocess
 import sys
 from collections.abc import Callable
 
@@ -490,19 +489,19 @@ def test_copies_other_dtypes_and_frozen_parts_equal_the_original(batch) -> None:
             torch.testing.assert_close(p.grad, grads[name], msg=name)
 
 
-def test_the_environment_switch_is_read_once_at_import() -> None:
+def test_the_environment_switch_is_read_once_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
     """``HF_VANILLA_FAST_PATHS=0`` set before import turns the fast paths off; the environment is not
-    read again afterwards (no environment read in ``forward``), ``set_enabled`` switches at run time."""
-    program = (
-        "import os\n"
-        "from hf_vanilla.models.vanilla_transformer import fast_paths\n"
-        "print(fast_paths.enabled())\n"
-        "os.environ[fast_paths.SWITCH] = '1' if os.environ.get(fast_paths.SWITCH) == '0' else '0'\n"
-        "print(fast_paths.enabled())\n"
-        "print(fast_paths.set_enabled(not fast_paths.enabled()), fast_paths.enabled())\n"
-    )
-    for value, expected in (("0", "False\nFalse\nFalse True\n"), ("1", "True\nTrue\nTrue False\n")):
-        env = {**os.environ, fast_paths.SWITCH: value}
-        done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        assert done.stdout == expected
+    read again afterwards (no environment read in ``forward``), ``set_enabled`` switches at run time.
+    (A fresh copy of the module file, imported in this process as a new process would import it.)"""
+    for value, expected in (("0", [False, False, (False, True)]), ("1", [True, True, (True, False)])):
+        monkeypatch.setenv(fast_paths.SWITCH, value)
+        spec = importlib.util.spec_from_file_location("fresh_fast_paths", fast_paths.__file__)
+        assert spec is not None and spec.loader is not None
+        fresh = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, fresh)
+        spec.loader.exec_module(fresh)
+        seen: list[object] = [fresh.enabled()]
+        monkeypatch.setenv(fast_paths.SWITCH, "1" if value == "0" else "0")
+        seen.append(fresh.enabled())
+        seen.append((fresh.set_enabled(not fresh.enabled()), fresh.enabled()))
+        assert seen == expected

@@ -348,6 +348,9 @@ CHECKS: list[Callable[[Side], object]] = [
     check_loss_is_a_function_of_the_logits,
 ]
 
+#: Checks run in the slow tier only: dynamo's graph capture takes seconds per side.
+SLOW_CHECKS = (check_compile,)
+
 
 def _sdpa_difference(ours: dict, marian: dict) -> None:
     """docs/paper.md: hf_vanilla returns real attention weights under SDPA (that call runs the eager
@@ -387,7 +390,8 @@ def _params(checks: list[Callable[[Side], object]], with_sides: bool) -> list:
     for check in checks:
         for side in SIDES if with_sides else (None,):
             ids = check.__name__.removeprefix("check_") + (f"-{side.name}" if side else "")
-            params.append(pytest.param(check.__name__, side.name if side else None, id=ids))
+            marks = pytest.mark.slow if check in SLOW_CHECKS else ()
+            params.append(pytest.param(check.__name__, side.name if side else None, id=ids, marks=marks))
     return params
 
 

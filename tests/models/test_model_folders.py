@@ -50,6 +50,7 @@ def _trainer(model, tokenizer, output_dir: Path) -> PaperSeq2SeqTrainer:
     )
 
 
+@pytest.mark.slow  # two clean-interpreter loads
 def test_trainer_output_and_averaged_model_are_self_contained(tmp_path: Path, tokenizer) -> None:
     for seed in (0, 1):
         _trainer(tiny_model(seed), tokenizer, tmp_path / f"run-{seed}").save_model()
@@ -84,6 +85,7 @@ RELEASED_CODE = (
 )
 
 
+@pytest.mark.slow  # a clean-interpreter load
 def test_a_folder_written_by_the_released_code_loads_unchanged(tokenizer, tmp_path: Path) -> None:
     """Hub folders keep their file names and auto_map strings: a folder holding the released code
     files (no generation file) loads with trust_remote_code (its own code, in a clean process) and
@@ -118,7 +120,9 @@ def test_a_folder_written_by_the_released_code_loads_unchanged(tokenizer, tmp_pa
     assert_self_contained(folder, tmp_path)
 
 
-@pytest.mark.parametrize("writer", ["save_model_folder", "trainer"])
+@pytest.mark.parametrize(
+    "writer", ["save_model_folder", pytest.param("trainer", marks=pytest.mark.slow)]
+)  # one clean-interpreter load each: the second in the slow tier
 def test_folder_of_an_fsdp2_sharded_model_names_and_holds_the_hf_vanilla_code(
     tmp_path: Path, tokenizer, writer: str
 ) -> None:
@@ -204,6 +208,7 @@ def test_a_users_subclass_is_saved_as_transformers_saves_any_class(tmp_path: Pat
     assert (tmp_path / "out" / "my_model.py").is_file()
 
 
+@pytest.mark.slow  # clean-interpreter loads and card runs
 def test_converted_model_is_self_contained_and_its_card_runs(tmp_path: Path, tokenizer) -> None:
     save_with_side_files(marian(), tmp_path / "marian", tokenizer)
     (tmp_path / "marian" / "README.md").write_text(
@@ -218,6 +223,7 @@ def test_converted_model_is_self_contained_and_its_card_runs(tmp_path: Path, tok
     run_card(out, tmp_path)
 
 
+@pytest.mark.slow  # clean-interpreter loads and card runs
 def test_publish_folder_is_self_contained_and_its_card_runs(model, tokenizer, tmp_path: Path) -> None:
     folder = tmp_path / "hub"
     result = {
