@@ -9,10 +9,10 @@ a field without default as a required option). tests/cli/test_help.py builds bot
 command and compares their help text and their options, so the two cannot drift apart.
 
 ``hf-vanilla-train``'s options include the ~100 of transformers' ``Seq2SeqTrainingArguments``, which cannot
-be read without importing torch: its ``--help`` adds them from :data:`TRAINING_ARGUMENTS_JSON`, a
-description of the options transformers' parser makes for them (written by
-:func:`describe_training_arguments`; used only for the transformers version it records, checked by the
-same test).
+be read without importing torch: the first ``hf-vanilla-train`` that imports transformers (a run, or a
+``--help`` before any) writes a description of the options transformers' parser makes for them
+(:func:`describe_training_arguments`) into the user's cache (:func:`training_arguments_cache`, one file per
+transformers version), and every later ``--help`` adds them from there (checked by the same test).
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
+import os
+import tempfile
 import types
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
@@ -29,14 +32,14 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_type_hints
 
 __all__ = [
-    "TRAINING_ARGUMENTS_JSON",
     "DataclassArgumentParser",
     "describe_training_arguments",
+    "remember_training_arguments",
     "string_to_bool",
+    "training_arguments_cache",
 ]
 
-#: The options transformers' parser makes for ``Seq2SeqTrainingArguments`` (see the module's docstring).
-TRAINING_ARGUMENTS_JSON = Path(__file__).with_name("seq2seq_training_arguments.json")
+logger = logging.getLogger(__name__)
 
 
 def string_to_bool(value: str | bool) -> bool:
@@ -152,12 +155,33 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         )
 
 
+def training_arguments_cache() -> Path:
+    """Where the description of transformers' training options is kept for the installed transformers:
+    ``$XDG_CACHE_HOME/hf_vanilla`` (``~/.cache/hf_vanilla``), one file per transformers version."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hf_vanilla"
+    return root / f"seq2seq_training_arguments-{version('transformers')}.json"
+
+
+def remember_training_arguments() -> None:
+    """Write :func:`describe_training_arguments` to :func:`training_arguments_cache` if it is not there
+    (imports transformers and torch). A cache that cannot be written only keeps ``--help`` slow."""
+    path = training_arguments_cache()
+    if path.is_file():
+        return
+    text = json.dumps(describe_training_arguments(), indent=1, ensure_ascii=False) + "\n"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False) as handle:
+            handle.write(text)
+        os.replace(handle.name, path)
+    except OSError as err:
+        logger.debug("Not keeping the training options' description in %s: %s", path, err)
+
+
 def describe_training_arguments() -> dict[str, Any]:
     """The options transformers' ``HfArgumentParser`` makes for ``Seq2SeqTrainingArguments``, as
-    :meth:`DataclassArgumentParser.add_described` reads them, with the transformers version they describe:
-    the content of :data:`TRAINING_ARGUMENTS_JSON` (imports transformers and torch). After a transformers
-    upgrade (tests/cli/test_help.py fails), write it with ``TRAINING_ARGUMENTS_JSON.write_text(json.dumps(
-    describe_training_arguments(), indent=1, ensure_ascii=False) + "\\n")``."""
+    :meth:`DataclassArgumentParser.add_described` reads them, with the transformers version they describe
+    (imports transformers and torch)."""
     from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
     actions = []

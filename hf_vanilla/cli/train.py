@@ -29,7 +29,11 @@ from importlib.metadata import version
 from typing import Any, get_type_hints
 
 from hf_vanilla.cli import HelpFormatter, quiet_unused_torchao, refuse_non_finite, run_cli
-from hf_vanilla.cli.parsing import TRAINING_ARGUMENTS_JSON, DataclassArgumentParser
+from hf_vanilla.cli.parsing import (
+    DataclassArgumentParser,
+    remember_training_arguments,
+    training_arguments_cache,
+)
 from hf_vanilla.data.options import DataArguments
 from hf_vanilla.hub.options import DatasetCardArguments
 from hf_vanilla.training.options import PaperRecipeArguments, TrainingModelArguments
@@ -41,11 +45,15 @@ PARSER_KWARGS: dict[str, Any] = {"description": __doc__, "epilog": EPILOG, "form
 
 def help_parser() -> DataclassArgumentParser | None:
     """The parser of ``--help``, built without importing transformers or torch: our own options as
-    dataclass fields, transformers' ``Seq2SeqTrainingArguments`` options from their description
-    (:data:`~hf_vanilla.cli.parsing.TRAINING_ARGUMENTS_JSON`), in the order ``PaperTrainingArguments``
-    has them. ``None`` where the description is of another transformers version than the one installed."""
-    description = json.loads(TRAINING_ARGUMENTS_JSON.read_text(encoding="utf-8"))
-    if description["transformers"] != version("transformers"):
+    dataclass fields, transformers' ``Seq2SeqTrainingArguments`` options from their description in the
+    user's cache (:func:`~hf_vanilla.cli.parsing.training_arguments_cache`), in the order
+    ``PaperTrainingArguments`` has them. ``None`` where no readable description of the installed
+    transformers' options is there yet."""
+    try:
+        description = json.loads(training_arguments_cache().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if description.get("transformers") != version("transformers"):
         return None
     parser = DataclassArgumentParser((TrainingModelArguments, DataArguments), **PARSER_KWARGS)
     ours: dict[str, tuple[dataclasses.Field, Any]] = {}
@@ -80,6 +88,7 @@ def _run(argv: list[str]) -> None:
             light.exit()
     quiet_unused_torchao()  # training does not use torchao
     real = parser()
+    remember_training_arguments()  # for the next --help
     refuse_non_finite(real, argv)
     model_args, data_args, training_args = real.parse_args_into_dataclasses(argv)
     from hf_vanilla.training.run import run_training, setup_logging  # torch
