@@ -45,37 +45,35 @@ print("IMPORTED", [name for name in {heavy!r} if name in sys.modules])
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_help_imports_no_torch_and_lists_debug(command: str, tmp_path: Path) -> None:
-    """train's first ``--help`` (nothing in the user's cache yet) imports transformers and keeps the
-    description of its options; the next one, and every other command's, imports none of the heavy packages."""
+def test_help_imports_no_torch_and_lists_debug(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every command's ``--help`` (train's once a run or a first ``--help`` has kept the description of
+    transformers' options in the user's cache) imports none of the heavy packages."""
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": str(Path(__file__).parents[2]),
         "XDG_CACHE_HOME": str(tmp_path),
     }
-
-    def help_text() -> str:
-        return subprocess.run(
-            [sys.executable, "-c", CODE.format(command=command, heavy=HEAVY)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-            check=True,
-        ).stdout
-
-    first = help_text()
     if command == "train":
-        assert first.splitlines()[-1] != "IMPORTED []", "the first help had nothing to read its options from"
-        again = help_text()
-        assert again.splitlines()[:-1] == first.splitlines()[:-1]
-        first = again
-    assert "--debug" in first
+        from hf_vanilla.cli.parsing import remember_training_arguments
+
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+        remember_training_arguments()  # what the first run or --help does (this process has transformers)
+    help_text = subprocess.run(
+        [sys.executable, "-c", CODE.format(command=command, heavy=HEAVY)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    ).stdout
+    assert "--debug" in help_text
     if command in ("plot", "publish"):  # a picture or a Hub folder needs no batching, backend or quantization
         for flag in ("--quantization", "--max_tokens", "--batch_size", "--backend", "--dtype"):
-            assert flag not in first, flag
-    assert first.splitlines()[-1] == "IMPORTED []", first.splitlines()[-1]
+            assert flag not in help_text, flag
+    assert help_text.splitlines()[-1] == "IMPORTED []", help_text.splitlines()[-1]
 
 
 def test_import_is_light_and_still_registers_the_auto_classes() -> None:
@@ -174,14 +172,14 @@ def test_train_help_is_what_transformers_parser_says(monkeypatch: pytest.MonkeyP
     """``hf-vanilla-train --help`` (transformers' options from the description kept in the user's cache)
     says what ``HfArgumentParser`` says of the dataclasses a training run parses, and a run parses them
     as it does."""
-    from hf_vanilla.cli.parsing import remember_training_arguments
-    from hf_vanilla.cli.train import PARSER_KWARGS, help_parser, parser
+    from hf_vanilla.cli.train import PARSER_KWARGS, help_parser, main, parser
     from hf_vanilla.data.options import DataArguments
     from hf_vanilla.training.arguments import PaperTrainingArguments, TrainingModelArguments
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert help_parser() is None
-    remember_training_arguments()
+    with pytest.raises(SystemExit):
+        main(["--help"])  # the first help, from transformers' parser, keeps the description
     monkeypatch.setenv("COLUMNS", "100")
     real = HfArgumentParser((TrainingModelArguments, DataArguments, PaperTrainingArguments), **PARSER_KWARGS)
     light = help_parser()
