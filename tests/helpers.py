@@ -354,7 +354,8 @@ class Run:
             self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
+        """Wait (at most 900 s each try; on timeout kill the launcher and its workers) and keep the log."""
         for attempt in range(2):
             try:
                 self.log = self.process.communicate(timeout=900)[0]
@@ -366,13 +367,13 @@ class Run:
             self.process = self._start()  # the port accelerate picked was taken before torch bound it
 
     def wait(self) -> Run:
-        self._finish()
+        self.finish()
         assert self.process.returncode == 0, f"{' '.join(self.command)}\n{self.log[-4000:]}"
         return self
 
     def refused(self, message: str) -> Run:
         """The run failed, every process printed ``message`` as its one error line, nothing was written."""
-        self._finish()
+        self.finish()
         assert self.process.returncode != 0, self.log[-4000:]
         errors = [line for line in self.log.splitlines() if line.startswith("error: ")]
         assert errors and all(message in line for line in errors), self.log[-4000:]
