@@ -22,6 +22,10 @@
 #      converts the paper's 10 minutes with its own step times (§5.2: 0.4 s base, 1.0 s big on 8 P100s):
 #      1500 steps (base), 600 (big). The averaged window then spans the same number of steps as the
 #      paper's (5 × 1500 = 7500 for base, 20 × 600 = 12000 for big), however fast the GPUs are.
+#      A node that dies stops the run: the other nodes' training processes fail at their next collective
+#      (at once when the node's processes are gone; after --ddp_timeout, 1800 s by default, when its
+#      machine vanishes silently), their torchrun exits and this script ends in one line, status 1
+#      (docs/reproducing.md). A node's training process dies with its torchrun, however torchrun ends.
 #      Relaunching the same command after a crash or a killed node resumes the run from the newest
 #      complete checkpoint (--resume_from_checkpoint last); nothing else changes. Only the newest KEEP
 #      (LAST_N) checkpoints are kept (each holds the Adam state too: ~0.8 GB base, ~2.6 GB big).
@@ -32,7 +36,8 @@
 #      and as the paper's tokenized BLEU with compound splitting (--tokenized_bleu 13a) -> OUT_DIR/eval.
 #
 # Knobs (environment variables): SIZE (base|big), NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1),
-# MASTER_PORT (29500), GPUS_PER_NODE (the machine's GPU count, from nvidia-smi; 1 without one),
+# MASTER_PORT (29500), RUN_ID (wmt14; torchrun's --rdzv_id), RDZV_CONF (torchrun's --rdzv_conf, e.g.
+# is_host=0 where the rendezvous store runs outside the nodes), GPUS_PER_NODE (the machine's GPU count, from nvidia-smi; 1 without one),
 # GRAD_ACCUM (1), PRECISION (bf16|fp16|no; bf16), LAUNCHER (torchrun|accelerate), ENGINE (ddp|fsdp),
 # TOKENS_PER_STEP (50000), MAX_STEPS, SAVE_STEPS, LAST_N, KEEP, WARMUP (4000), VOCAB_SIZE (37000),
 # DATASET (wmt14) and DATASET_CONFIG (de-en) for the Hub, or TRAIN_FILES / VALID_FILES (local files, any
@@ -130,6 +135,7 @@ if has train; then
             RDZV=(--standalone)
         else
             RDZV=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "${RUN_ID:-wmt14}")
+            [ -z "${RDZV_CONF:-}" ] || RDZV+=(--rdzv_conf "$RDZV_CONF")
         fi
         LAUNCH=(python -m torch.distributed.run --nnodes "$NNODES" --nproc_per_node "$GPUS_PER_NODE" "${RDZV[@]}")
     elif [ "$LAUNCHER" = accelerate ]; then

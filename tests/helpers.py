@@ -10,11 +10,16 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import contextlib
 import json
+import queue
 import re
-import socket
+import signal
+import threading
+import time
 from typing import Any
 
+import psutil
 import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -194,10 +199,69 @@ CONFIGS = ROOT / "configs" / "accelerate"
 TRAIN, VALID = 48, 7  # 7 validation sentences: not a multiple of 2 processes × 2 per batch
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+class Outputs:
+    """The output (stdout with stderr) of child processes started with ``stdout=PIPE, text=True``, read
+    line by line by one thread each as it comes: a test waits for a line (an event) with a deadline,
+    never polls, and still has every line afterwards."""
+
+    def __init__(self, *processes: subprocess.Popen) -> None:
+        self.lines: dict[int, list[str]] = {process.pid: [] for process in processes}
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._open = len(processes)
+        self._readers = {
+            process.pid: threading.Thread(target=self._read, args=(process,), daemon=True)
+            for process in processes
+        }
+        for reader in self._readers.values():
+            reader.start()
+
+    def _read(self, process: subprocess.Popen) -> None:
+        for line in process.stdout:
+            self.lines[process.pid].append(line)
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def text(self, process: subprocess.Popen | None = None) -> str:
+        pids = [process.pid] if process is not None else list(self.lines)
+        return "".join(line for pid in pids for line in self.lines[pid])
+
+    def wait_for(self, pattern: str, timeout: float, count: int = 1) -> re.Match:
+        """Return the match of the ``count``-th line (of any of the processes) that matches ``pattern``;
+        fail when the deadline passes or every process has closed its output first."""
+        deadline, seen = time.monotonic() + timeout, 0
+        while True:
+            try:
+                line = self._queue.get(timeout=max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                raise AssertionError(
+                    f"no {count} lines matching {pattern!r} within {timeout} s:\n{self.text()[-4000:]}"
+                ) from None
+            if line is None:
+                self._open -= 1
+                assert self._open > 0, (
+                    f"the output ended before {count} lines matched {pattern!r}:\n{self.text()[-4000:]}"
+                )
+            elif (match := re.search(pattern, line)) and (seen := seen + 1) == count:
+                return match
+
+    def closed(self, process: subprocess.Popen, timeout: float) -> str:
+        """The whole output of ``process`` once every process holding it open (its children too) has ended."""
+        reader = self._readers[process.pid]
+        reader.join(timeout)
+        assert not reader.is_alive(), (
+            f"its output was still open after {timeout} s:\n{self.text(process)[-4000:]}"
+        )
+        return self.text(process)
+
+
+def kill_processes_mentioning(path: Path) -> None:
+    """SIGKILL every process whose command line names ``path``: a test's launches and what they
+    started, also in sessions of their own (``torchrun`` starts its workers so) or orphaned."""
+    me = os.getpid()
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if process.info["pid"] != me and any(str(path) in arg for arg in process.info["cmdline"] or ()):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGKILL)
 
 
 def train_args(tokenizer_dir: Path | None, output_dir: Path, *extra: str) -> list[str]:
@@ -249,18 +313,18 @@ def _launchers(name: str) -> list[str]:
     if name == "accelerate":  # the repository's DDP config (MULTI_GPU), on CPU: 2 gloo processes
         return [
             sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "ddp.yaml"),
-            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()), str(DRIVER),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", "0", str(DRIVER),
         ]  # fmt: skip
     if name == "accelerate-fsdp":  # the repository's FSDP config, as a user would launch it
         return [
             sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "fsdp.yaml"),
-            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()), str(DRIVER),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", "0", str(DRIVER),
         ]  # fmt: skip
     if name == "accelerate-flag":
         return [
             sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(free_port()), str(DRIVER),
+            "--main_process_port", "0", str(DRIVER),
         ]  # fmt: skip
     if name == "accelerate-cpu":
         return [
@@ -271,28 +335,45 @@ def _launchers(name: str) -> list[str]:
 
 
 class Run:
-    """One launched training run and what each of its processes recorded."""
+    """One launched training run and what each of its processes recorded.
+
+    ``accelerate launch --main_process_port 0`` lets accelerate pick the port (it cannot hand a bound
+    socket to torch): the OS names a free one, and torch binds it a moment later. Should another process
+    take it in between, the launch fails with EADDRINUSE before any worker starts (nothing written), and
+    :meth:`wait` launches it once more."""
 
     def __init__(self, root: Path, launcher: str, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.out, self.record = root / "out", root / "record"
+        self.root, self.out, self.record = root, root / "out", root / "record"
         self.command = [*_launchers(launcher), *args]
-        self.process = subprocess.Popen(
-            self.command,
-            env={**_env(self.record), **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        self.env = {**_env(self.record), **(env or {})}
+        self.process = self._start()
         self.log = ""
 
+    def _start(self) -> subprocess.Popen:
+        return subprocess.Popen(
+            self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def finish(self) -> None:
+        """Wait (at most 900 s each try; on timeout kill the launcher and its workers) and keep the log."""
+        for attempt in range(2):
+            try:
+                self.log = self.process.communicate(timeout=900)[0]
+            except subprocess.TimeoutExpired:
+                kill_processes_mentioning(self.root)  # the launcher's workers too
+                raise
+            if self.process.returncode == 0 or "EADDRINUSE" not in self.log or attempt == 1:
+                return
+            self.process = self._start()  # the port accelerate picked was taken before torch bound it
+
     def wait(self) -> Run:
-        self.log = self.process.communicate(timeout=900)[0]
+        self.finish()
         assert self.process.returncode == 0, f"{' '.join(self.command)}\n{self.log[-4000:]}"
         return self
 
     def refused(self, message: str) -> Run:
         """The run failed, every process printed ``message`` as its one error line, nothing was written."""
-        self.log = self.process.communicate(timeout=900)[0]
+        self.finish()
         assert self.process.returncode != 0, self.log[-4000:]
         errors = [line for line in self.log.splitlines() if line.startswith("error: ")]
         assert errors and all(message in line for line in errors), self.log[-4000:]

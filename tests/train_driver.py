@@ -11,8 +11,9 @@ script as ``__main__``. Controlled by environment variables:
   ``params-rank<r>.safetensors`` when training ends, and writes the decoded predictions and
   references that ``compute_metrics`` receives (after the cross-process gather) to
   ``eval-rank<r>-<call>.json``.
-* ``HF_VANILLA_BLOCK_AT_STEP=N``: after optimizer step N, write ``blocked`` into the record folder and
-  wait until a signal arrives (the fault tests then send SIGTERM or SIGKILL).
+* ``HF_VANILLA_BLOCK_AT_STEP=N``: after optimizer step N, write ``blocked`` into the record folder, print
+  ``train_driver: blocked after step N`` and wait until a signal arrives (the fault tests then send
+  SIGTERM, SIGINT or SIGKILL).
 * ``HF_VANILLA_TEST_FSDP_ON_CPU=1``: a test-only shim (:func:`allow_fsdp_on_cpu`) that lets Accelerate
   apply FSDP to a CPU (gloo) run, which accelerate 1.15 enables only for GPU-type modes.
 """
@@ -23,6 +24,8 @@ import hashlib
 import json
 import os
 import runpy
+import select
+import signal
 import sys
 import time
 from pathlib import Path
@@ -108,12 +111,23 @@ class BlockAtStep(TrainerCallback):
         savers = [
             cb for cb in self.trainer.callback_handler.callbacks if isinstance(cb, SaveOnSignalCallback)
         ]
-        (self.dir / "blocked").write_text(str(os.getpid()))
-        deadline = time.monotonic() + 300
-        while not any(cb.received is not None for cb in savers):
-            if time.monotonic() > deadline:
-                raise TimeoutError("train_driver: nobody sent the signal within 300 s.")
-            time.sleep(0.05)
+        # The interpreter writes the number of every signal that arrives into the wakeup pipe (a signal
+        # sent before select() waits is still there), and runs the Python handler before returning.
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        previous = signal.set_wakeup_fd(write_end)
+        try:
+            (self.dir / "blocked").write_text(str(os.getpid()))
+            print(f"train_driver: blocked after step {self.step}", flush=True)
+            deadline = time.monotonic() + 300
+            while not any(cb.received is not None for cb in savers):
+                if not select.select([read_end], [], [], max(deadline - time.monotonic(), 0))[0]:
+                    raise TimeoutError("train_driver: nobody sent the signal within 300 s.")
+                os.read(read_end, 64)
+        finally:
+            signal.set_wakeup_fd(previous)
+            os.close(read_end)
+            os.close(write_end)
 
 
 class InstrumentedTrainer(training.PaperSeq2SeqTrainer):

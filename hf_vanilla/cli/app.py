@@ -1,6 +1,6 @@
 """Serve the web demo (hf_vanilla.demo.app): a page that translates with a model folder.
 
-hf-vanilla-app --model demo_output            # then open http://127.0.0.1:7860
+hf-vanilla-app --model demo_output            # then open the address it prints (http://127.0.0.1:7860)
 """
 
 from __future__ import annotations
@@ -24,7 +24,12 @@ def _main(argv: list[str]) -> None:
     parser.add_argument("--model", required=True, help="Model folder (e.g. demo_output) or Hub id.")
     parser.add_argument("--device", default="cpu", help="'cpu', 'cuda', 'auto', ...")
     parser.add_argument("--host", default="127.0.0.1", help="Address to serve on (0.0.0.0: all interfaces).")
-    parser.add_argument("--port", type=int, default=7860, help="Port to serve on.")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="Port to serve on (default: Gradio's choice, the first free one from 7860; the address is printed).",
+    )
     parser.add_argument("--share", action="store_true", help="Ask Gradio for a public link (needs internet).")
     parser.add_argument("--title", default=None, help="Page title.")
     add_debug_flag(parser)

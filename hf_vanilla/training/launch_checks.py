@@ -14,19 +14,37 @@ these used to exit 0 having done something else than was asked (docs/scaling.md)
 The choice is to refuse rather than fall back: a run that asked to be sharded and is not may run out
 of memory much later, and a DDP run is not what its saved arguments say it was. The messages say
 what to run instead.
+
+One more launch hazard is handled rather than refused: ``torchrun``'s elastic agent (also behind
+``accelerate launch`` with several processes) starts each worker in a session of its own, so a worker
+outlives an agent that is killed (``kill -9``, the OOM killer, a node's launcher stopped): it went on
+training with the other nodes, unsupervised, and they never stopped. :func:`exit_with_launcher` makes
+the worker die with its agent, as if its node had died, so the other nodes stop (docs/scaling.md).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from transformers import TrainingArguments
 
-__all__ = ["LaunchError", "check_fsdp_honoured", "check_process_group", "fsdp_requested"]
+__all__ = [
+    "LaunchError",
+    "check_fsdp_honoured",
+    "check_process_group",
+    "exit_with_launcher",
+    "fsdp_requested",
+]
 
 _NOTHING_WRITTEN = "Nothing was written."
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+#: The process that started this one, read as early as the training code is imported.
+_LAUNCHER_PID = os.getppid()
 
 
 class LaunchError(ValueError):
@@ -61,6 +79,28 @@ def check_process_group(training_args: TrainingArguments) -> None:
             "1.15 runs --cpu as a single process). For N processes on CPU run `accelerate launch --multi_gpu "
             "--num_processes N scripts/train.py --use_cpu ...` or `torchrun --nproc_per_node N scripts/train.py "
             f"--use_cpu ...`; for one process drop --num_processes. {_NOTHING_WRITTEN}"
+        )
+
+
+def exit_with_launcher() -> None:
+    """In a worker of ``torchrun``'s elastic agent (``TORCHELASTIC_RUN_ID`` set; ``torchrun``, ``accelerate
+    launch``) on Linux: ask the kernel to SIGKILL this process when the agent that started it exits.
+
+    The agent stops its workers itself when it ends normally or on SIGTERM/SIGINT (after their own
+    SIGTERM handling: :class:`~hf_vanilla.training.resilience.SaveOnSignalCallback`); this matters only
+    when the agent dies without doing so. Then this worker dies too, as on a node that died, and the
+    other nodes' collectives fail at once (the connection closes) instead of training on with it.
+    Raises :class:`LaunchError` if the agent is already gone.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != _LAUNCHER_PID:  # the agent died before the kernel was asked
+        raise LaunchError(
+            f"The launcher that started this process (pid {_LAUNCHER_PID}) has exited: run the launch command "
+            f"again. {_NOTHING_WRITTEN}"
         )
 
 

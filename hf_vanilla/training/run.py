@@ -78,7 +78,7 @@ from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
 from hf_vanilla.training.arguments import PaperTrainingArguments, TrainingModelArguments
 from hf_vanilla.training.averaging import average_last_checkpoints
 from hf_vanilla.training.checkpoints import find_complete_checkpoints, hold_run_dir, resolve_resume_checkpoint
-from hf_vanilla.training.launch_checks import check_process_group
+from hf_vanilla.training.launch_checks import check_process_group, exit_with_launcher
 from hf_vanilla.training.resilience import SaveOnSignalCallback
 from hf_vanilla.training.trainer import PaperSeq2SeqTrainer, build_compute_metrics
 
@@ -416,6 +416,7 @@ def run_training(
     non-finite weights at a save, stops the run with :class:`~hf_vanilla.training.resilience.NonFiniteTrainingError`
     before anything is saved.
     """
+    exit_with_launcher()  # a worker of a torchrun agent that is killed dies with it (a node's failure)
     check_process_group(training_args)
     if training_args.resume_from_checkpoint in (None, "", "false", "False"):  # the kind, and no input in it
         refuse_to_replace(

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,7 +13,7 @@ import torch
 
 pytest.importorskip("gradio", reason="the web demo needs the `demo` extra: pip install -e '.[demo]'")
 
-from helpers import tiny_model
+from helpers import Outputs, tiny_model
 
 from hf_vanilla.analysis.plotting import token_labels
 from hf_vanilla.data.tokenization import train_bpe_tokenizer
@@ -115,12 +112,6 @@ def test_a_folder_that_records_no_examples_says_so(model_folder: Path, tmp_path:
     assert "records no sentences it was trained on" in text
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM} (Debian: apt-get install -y chromium)"
@@ -133,26 +124,20 @@ def test_the_page_in_headless_chromium(model_folder: Path, tmp_path: Path) -> No
     expected, _ = translate_with_attention(model, tokenizer, SENTENCE)
     assert expected, "the random model's translation is empty: pick another seed for the fixture"
 
-    port = _free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
-    log = (tmp_path / "server.log").open("w")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    # No --port: Gradio binds the first free port from 7860 (a taken one fails to bind and is skipped, so
+    # no port is probed and then reused) and prints the address once the page answers.
     server = subprocess.Popen(
-        [sys.executable, "-m", "hf_vanilla.cli.app", "--model", str(model_folder), "--port", str(port)],
+        [sys.executable, "-m", "hf_vanilla.cli.app", "--model", str(model_folder)],
         env=env,
-        stdout=log,
+        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        text=True,
     )
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 300  # importing gradio alone takes a minute on a busy machine
-        while True:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            try:
-                urllib.request.urlopen(url, timeout=2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the app did not answer within 300 s"
-                time.sleep(0.5)
+    served = Outputs(server)
+    try:  # importing gradio alone takes a minute on a busy machine
+        url = served.wait_for(r"Running on local URL:\s+(http://\S+)", timeout=300).group(1)
         with playwright.sync_playwright() as driver:
             browser = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
@@ -170,5 +155,7 @@ def test_the_page_in_headless_chromium(model_folder: Path, tmp_path: Path) -> No
                 browser.close()
     finally:
         server.terminate()
-        server.wait(timeout=30)
-        log.close()
+        try:
+            server.wait(timeout=30)
+        finally:
+            server.kill()

@@ -259,7 +259,7 @@ def test_training_push_under_ddp_writes_one_hub_folder_and_fails_offline_in_one_
         tmp_path, "torchrun",
         train_args(tokenizer_dir, tmp_path / "out", *extra, "--push_to_hub", "--hub_model_id", "someone/x", *CARD_ARGS),
     )  # fmt: skip
-    run.log = run.process.communicate(timeout=900)[0]
+    run.finish()
     assert run.process.returncode != 0
     errors = [line for line in run.log.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "offline mode is on" in errors[0], run.log[-4000:]

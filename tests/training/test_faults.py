@@ -15,14 +15,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import _env, tiny_model
+from helpers import Outputs, _env, tiny_model
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
@@ -168,8 +167,7 @@ class _SignalAtStep(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step == self.step:
-            os.kill(os.getpid(), self.signum)
-            time.sleep(0.01)  # the handler runs in the main thread at the next bytecode
+            signal.raise_signal(self.signum)  # the Python handler has run when this returns
 
 
 @pytest.mark.parametrize(
@@ -637,25 +635,28 @@ def test_train_script_killed_and_resumed_ends_with_the_same_weights(
         _train_cmd(tokenizer_dir, data_file, killed), env=_env(tmp_path / "rec-killed", HF_VANILLA_BLOCK_AT_STEP="5"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    blocked = tmp_path / "rec-killed" / "blocked"
-    deadline = time.monotonic() + 300
-    while not blocked.exists():
-        assert victim.poll() is None, victim.communicate()[0][-3000:]
-        assert time.monotonic() < deadline, "the run never reached step 5"
-        time.sleep(0.2)
-    victim.send_signal(signum)
-    log = victim.communicate(timeout=120)[0]
-    assert victim.returncode in (128 + signum, -signum), log[-3000:]
-    checkpoints = sorted(p.name for p in killed.iterdir() if p.name.startswith("checkpoint"))
-    # SIGTERM, Ctrl-C: the run saved the step it was on; SIGKILL: only what was saved before (step 3) survives.
-    assert checkpoints == (["checkpoint-3"] if signum == signal.SIGKILL else ["checkpoint-3", "checkpoint-5"])
-    assert not (killed / "model.safetensors").exists()  # it never got to the end
+    try:
+        output = Outputs(victim)
+        output.wait_for(r"^train_driver: blocked after step 5", timeout=600)
+        victim.send_signal(signum)
+        victim.wait(timeout=120)
+        log = output.closed(victim, timeout=60)
+        assert victim.returncode in (128 + signum, -signum), log[-3000:]
+        checkpoints = sorted(p.name for p in killed.iterdir() if p.name.startswith("checkpoint"))
+        # SIGTERM, Ctrl-C: the run saved the step it was on; SIGKILL: only what was saved before (step 3) survives.
+        assert checkpoints == (
+            ["checkpoint-3"] if signum == signal.SIGKILL else ["checkpoint-3", "checkpoint-5"]
+        )
+        assert not (killed / "model.safetensors").exists()  # it never got to the end
 
-    resume = subprocess.run(
-        [*_train_cmd(tokenizer_dir, data_file, killed), "--resume_from_checkpoint", str(last_complete_checkpoint(killed))],
-        env=_env(tmp_path / "rec-resumed"), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert resume.returncode == 0, (resume.stdout + resume.stderr)[-3000:]
-    out = reference.communicate(timeout=600)[0]
-    assert reference.returncode == 0, out[-3000:]
-    _assert_same_weights(_params(killed), _params(straight))
+        resume = subprocess.run(
+            [*_train_cmd(tokenizer_dir, data_file, killed), "--resume_from_checkpoint", str(last_complete_checkpoint(killed))],
+            env=_env(tmp_path / "rec-resumed"), capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert resume.returncode == 0, (resume.stdout + resume.stderr)[-3000:]
+        out = reference.communicate(timeout=600)[0]
+        assert reference.returncode == 0, out[-3000:]
+        _assert_same_weights(_params(killed), _params(straight))
+    finally:  # nothing left running, whatever failed
+        reference.kill()
+        victim.kill()

@@ -1,6 +1,7 @@
 """recipes/wmt14_en_de.sh: its plan (tokens per step whatever the number of processes) and a two-"node"
 rehearsal on this CPU machine: two ``torchrun --nnodes 2 --nproc_per_node 1`` launches rendezvous on
-localhost (c10d, an OS-chosen port, gloo with --use_cpu) and train the recipe at tiny size."""
+localhost (c10d, through a store the test hosts on an OS-chosen port; gloo with --use_cpu) and train the
+recipe at tiny size; one node is killed, the other stops, and a relaunch resumes."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.distributed import TCPStore
 
-from tests.helpers import free_port
+from tests.helpers import Outputs, kill_processes_mentioning
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "wmt14_en_de.sh"
@@ -71,14 +72,23 @@ def _data(folder: Path) -> Path:
 
 
 def _launch(
-    out: Path, data: Path, nodes: int, rank: int, port: int, steps: int, extra: str
+    out: Path, data: Path, nodes: int, rank: int, store: TCPStore | None, steps: int, extra: str
 ) -> subprocess.Popen:
-    knobs = {"NNODES": str(nodes), "NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-             "GPUS_PER_NODE": "1", "PRECISION": "no", "TRAIN_FILES": str(data), "VOCAB_SIZE": "300",
-             "STAGES": "tokenizer train", "MAX_STEPS": str(steps), "TOKENIZER_WAIT": "120",
-             "TRAIN_EXTRA": f"{TINY} {extra}"}  # fmt: skip
+    """One node of the recipe. Several nodes rendezvous through ``store``, which the test hosts on a port
+    the OS chose (kept bound: no port probed then reused) and the nodes join as clients (is_host=0)."""
+    knobs = {"NNODES": str(nodes), "NODE_RANK": str(rank), "GPUS_PER_NODE": "1", "PRECISION": "no",
+             "TRAIN_FILES": str(data), "VOCAB_SIZE": "300", "STAGES": "tokenizer train", "MAX_STEPS": str(steps),
+             "TOKENIZER_WAIT": "120", "TRAIN_EXTRA": f"{TINY} {extra}"}  # fmt: skip
+    if store is not None:
+        knobs.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RDZV_CONF="is_host=0")
     return subprocess.Popen(["bash", str(RECIPE), str(out)], env=_env(**knobs), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+
+
+def _store() -> TCPStore:
+    """A rendezvous store of the test's own, on a port the OS picks; one per launch (a rendezvous that
+    ended is closed for good)."""
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
 
 
 def _finish(process: subprocess.Popen, timeout: float = 600) -> str:
@@ -87,19 +97,29 @@ def _finish(process: subprocess.Popen, timeout: float = 600) -> str:
     return log
 
 
+# How long the surviving node may take to stop once the other node is gone: the training process
+# fails at its next collective (at once here: the peer's sockets close; at most --ddp_timeout, 60 s
+# in TINY, for a peer that vanishes silently), then torchrun and the recipe exit.
+STOP_WITHIN = 60 + 60
+
+
 @pytest.mark.slow
 def test_two_nodes_match_one_process_and_a_killed_node_resumes(tmp_path: Path) -> None:
+    try:
+        _two_nodes_match_one_process_and_a_killed_node_resumes(tmp_path)
+    finally:  # nothing left running, whatever failed (torchrun starts its workers in sessions of their own)
+        kill_processes_mentioning(tmp_path)
+
+
+def _two_nodes_match_one_process_and_a_killed_node_resumes(tmp_path: Path) -> None:
     data = _data(tmp_path / "data")
     # 1. Two nodes × 1 process × 4 pairs vs one process × 8 pairs, 6 steps: the same weights.
-    port = free_port()
-    nodes = [_launch(tmp_path / "two", data, 2, r, port, 6, "--per_device_train_batch_size 4 --save_steps 3")
+    store = _store()
+    nodes = [_launch(tmp_path / "two", data, 2, r, store, 6, "--per_device_train_batch_size 4 --save_steps 3")
              for r in (0, 1)]  # fmt: skip
     for node in nodes:
         _finish(node)
-    one = _launch(
-        tmp_path / "one", data, 1, 0, free_port(), 6, "--per_device_train_batch_size 8 --save_steps 3"
-    )
-    _finish(one)
+    _finish(_launch(tmp_path / "one", data, 1, 0, None, 6, "--per_device_train_batch_size 8 --save_steps 3"))
     two_w = load_file(tmp_path / "two" / "train" / "model.safetensors")
     one_w = load_file(tmp_path / "one" / "train" / "model.safetensors")
     assert two_w.keys() == one_w.keys()
@@ -108,28 +128,28 @@ def test_two_nodes_match_one_process_and_a_killed_node_resumes(tmp_path: Path) -
     start = load_file(tmp_path / "one" / "train" / "checkpoint-3" / "model.safetensors")
     assert max((start[k] - one_w[k]).abs().max().item() for k in one_w) > 1e-3  # it did train
 
-    # 2. Kill node 1 (its torchrun and worker) once a checkpoint exists: node 0 stops within the bound
-    # with the recipe's one error line, and relaunching both nodes resumes from that checkpoint.
-    out, port = tmp_path / "killed", free_port()
+    # 2. Kill node 1 (its recipe and torchrun, as `kill -9` of its launch; its training process must go
+    # with them) once checkpoint 5 is written: node 0 stops within the bound with the recipe's one error
+    # line, and relaunching both nodes resumes from the newest checkpoint.
+    out, store = tmp_path / "killed", _store()
     extra = "--per_device_train_batch_size 4 --save_steps 5 --logging_steps 1"
-    nodes = [_launch(out, data, 2, r, port, 100000, extra) for r in (0, 1)]
-    deadline = time.monotonic() + 300
-    while not (out / "train" / "checkpoint-5" / "trainer_state.json").is_file():
-        assert time.monotonic() < deadline and nodes[0].poll() is None, nodes[0].communicate()[0][-4000:]
-        time.sleep(0.2)
+    nodes = [_launch(out, data, 2, r, store, 100000, extra) for r in (0, 1)]
+    outputs = [Outputs(node) for node in nodes]
+    # Each node's first process prints the logs of every step: step 6 logged, so checkpoint 5 was published.
+    outputs[0].wait_for(r"^\{'loss'", timeout=600, count=6)
+    assert (out / "train" / "checkpoint-5" / "trainer_state.json").is_file()
     os.killpg(nodes[1].pid, signal.SIGKILL)
-    nodes[1].communicate()
-    began = time.monotonic()
-    log = nodes[0].communicate(timeout=240)[0]  # bounded: a hang fails here
-    stopped_in = time.monotonic() - began
+    outputs[1].closed(nodes[1], timeout=60)  # its training process died with its torchrun: the output closes
+    nodes[0].wait(timeout=STOP_WITHIN)  # TimeoutExpired: node 0 trains on (or hangs)
+    log = outputs[0].closed(nodes[0], timeout=60)
     assert nodes[0].returncode == 1, log[-4000:]
     errors = [line for line in log.splitlines() if line.startswith("error: training stopped")]
     assert len(errors) == 1 and "run the same command again on every node to resume" in errors[0], log[-4000:]
     checkpoints = sorted(int(p.name.split("-")[1]) for p in (out / "train").glob("checkpoint-*"))
-    assert checkpoints, log[-4000:]
-    resumed_at, port = checkpoints[-1], free_port()
-    nodes = [_launch(out, data, 2, r, port, resumed_at + 5, extra) for r in (0, 1)]
-    logs = [_finish(node) for node in nodes]
-    assert f"checkpoint-{resumed_at}" in logs[0] and "--resume_from_checkpoint last" in logs[0]
+    resumed_at, store = checkpoints[-1], _store()
+    assert resumed_at >= 5
+    nodes = [_launch(out, data, 2, r, store, resumed_at + 5, extra) for r in (0, 1)]
+    logs = "".join(_finish(node) for node in nodes)
+    assert f"Resuming from {out / 'train' / f'checkpoint-{resumed_at}'}" in logs, logs[-4000:]
+    assert "--resume_from_checkpoint last" in logs
     assert (out / "train" / f"checkpoint-{resumed_at + 5}" / "trainer_state.json").is_file()
-    assert stopped_in < 240
