@@ -159,3 +159,21 @@ def test_the_page_in_headless_chromium(model_folder: Path, tmp_path: Path) -> No
             server.wait(timeout=30)
         finally:
             server.kill()
+
+
+def test_the_earlier_releases_paths_still_serve_the_demo() -> None:
+    """``python -m hf_vanilla.app`` (the README's command before the package split) is ``hf-vanilla-app``,
+    and ``from hf_vanilla.app import build_demo`` is the page's own function."""
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_vanilla.app", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        check=True,
+    )
+    assert "--model" in result.stdout and "--port" in result.stdout
+    import hf_vanilla.app
+    import hf_vanilla.demo.app
+
+    assert hf_vanilla.app.build_demo is hf_vanilla.demo.app.build_demo
