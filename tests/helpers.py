@@ -17,6 +17,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -465,3 +466,18 @@ def run_card(folder: Path, tmp_path: Path, block_hf_vanilla: bool = True) -> Non
     assert blocks, f"{folder}/README.md has no Python example"
     for block in blocks:
         run_clean(block, tmp_path, block_hf_vanilla=block_hf_vanilla)
+
+
+@contextlib.contextmanager
+def fed_pipes(folder: Path, texts: tuple[str, ...]) -> Iterator[list[Path]]:
+    """Named pipes in ``folder`` (as bash's ``<(...)`` gives), one per text, each written by a thread as
+    soon as a reader opens it; the writers are joined on leaving."""
+    pipes = [folder / f"pipe{index}" for index in range(len(texts))]
+    writers = []
+    for pipe, text in zip(pipes, texts, strict=True):
+        os.mkfifo(pipe)
+        writers.append(threading.Thread(target=pipe.write_text, args=(text,), daemon=True))
+        writers[-1].start()
+    yield pipes
+    for writer in writers:
+        writer.join(timeout=10)

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import CARD_ARGS, tiny_model, word_tokenizer
+from helpers import CARD_ARGS, fed_pipes, tiny_model, word_tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import DataCollatorForSeq2Seq, MarianConfig, MarianMTModel
 from transformers.modeling_outputs import BaseModelOutput
@@ -1547,15 +1547,8 @@ def test_a_pipe_is_read_as_the_input_file(
 
 def test_pipes_are_read_as_data_files(tmp_path: Path) -> None:
     """``--train_files <(...) <(...)``: two pipes, read once each, give the sentence pairs."""
-    pipes = [tmp_path / "src", tmp_path / "tgt"]
-    writers = []
-    for pipe, text in zip(pipes, ("w1 w2\nw3\n", "w2 w1\nw3\n"), strict=True):
-        os.mkfifo(pipe)
-        writers.append(threading.Thread(target=pipe.write_text, args=(text,), daemon=True))
-        writers[-1].start()
-    assert read_split_files([str(p) for p in pipes], "en", "de") == (["w1 w2", "w3"], ["w2 w1", "w3"])
-    for writer in writers:
-        writer.join(timeout=10)
+    with fed_pipes(tmp_path, ("w1 w2\nw3\n", "w2 w1\nw3\n")) as pipes:
+        assert read_split_files([str(p) for p in pipes], "en", "de") == (["w1 w2", "w3"], ["w2 w1", "w3"])
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_split_files([str(tmp_path / "missing.en"), str(tmp_path / "missing.de")], "en", "de")
 

@@ -129,24 +129,7 @@ def test_help_is_what_transformers_parser_says(
     assert light.format_help() == light_help
     assert light_help == real.format_help()
 
-    def options(parser: object) -> list[tuple[object, ...]]:
-        return [
-            (
-                a.option_strings,
-                a.dest,
-                a.default,
-                a.nargs,
-                a.const,
-                a.choices,
-                a.required,
-                a.help,
-                getattr(a.type, "__name__", a.type),
-                type(a).__name__,
-            )
-            for a in parser._actions
-        ]
-
-    assert options(light) == options(real)
+    assert _options(light) == _options(real)
 
 
 def _options(parser: object, types: bool = True) -> list[tuple[object, ...]]:

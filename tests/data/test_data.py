@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import threading
 import tracemalloc
 from pathlib import Path
 
 import datasets
 import pytest
+from helpers import fed_pipes
 from transformers import HfArgumentParser
 
 from hf_vanilla.data import loading as data
@@ -166,15 +165,8 @@ def test_the_streamed_text_is_reused_until_a_file_changes(tmp_path: Path) -> Non
 def test_pipes_are_read_into_memory_not_cached(tmp_path: Path) -> None:
     """A pipe (bash's `<(...)`) can be read once and its name says nothing of its content: its pairs are
     loaded in memory and nothing is written to the `datasets` cache under a key a later pipe could hit."""
-    pipes = [tmp_path / "src", tmp_path / "tgt"]
-    writers = []
-    for pipe, text in zip(pipes, ("w1 w2\nw3\n", "w2 w1\nw3\n"), strict=True):
-        os.mkfifo(pipe)
-        writers.append(threading.Thread(target=pipe.write_text, args=(text,), daemon=True))
-        writers[-1].start()
-    train = load_local_files({"train": [str(p) for p in pipes]}, "en", "de")["train"]
-    for writer in writers:
-        writer.join(timeout=10)
+    with fed_pipes(tmp_path, ("w1 w2\nw3\n", "w2 w1\nw3\n")) as pipes:
+        train = load_local_files({"train": [str(p) for p in pipes]}, "en", "de")["train"]
     assert pairs_of(train) == [("w1 w2", "w2 w1"), ("w3", "w3")]
     assert train.cache_files == []
 
