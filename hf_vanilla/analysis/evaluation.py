@@ -22,7 +22,7 @@ from typing import Any
 import evaluate
 from sacrebleu.metrics.bleu import BLEU
 
-from hf_vanilla.analysis.tokenized_bleu import TOKENIZED_BLEU_TOKENIZERS, tokenized_bleu
+from hf_vanilla.analysis.tokenized_bleu import TOKENIZED_BLEU_TOKENIZERS, check_segments, tokenized_bleu
 from hf_vanilla.data.loading import hub_offline
 from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.inference.translation import translate
@@ -110,13 +110,7 @@ def compute_bleu_chrf(
         ``{"bleu", "bleu_signature", "chrf", "chrf_signature", "counts", "totals", "precisions", "bp",
         "sys_len", "ref_len"}`` (scores in [0, 100]).
     """
-    if len(hypotheses) != len(references):
-        raise ValueError(
-            f"Got {len(hypotheses)} hypotheses but {len(references)} references: "
-            "pass exactly one reference entry per hypothesis."
-        )
-    if not hypotheses:
-        raise ValueError("No hypotheses to score: pass at least one segment.")
+    check_segments(hypotheses, references)
     check_bleu_tokenize(bleu_tokenize)
     return load_metric().compute(
         predictions=list(hypotheses), references=list(references), bleu_tokenize=bleu_tokenize

@@ -32,6 +32,7 @@ from sacrebleu.tokenizers.tokenizer_intl import TokenizerV14International
 __all__ = [
     "COMPOUND_SPLIT",
     "TOKENIZED_BLEU_TOKENIZERS",
+    "check_segments",
     "split_compounds",
     "tokenize_for_bleu",
     "tokenized_bleu",
@@ -58,6 +59,18 @@ def tokenize_for_bleu(text: str, tokenizer: str = "13a") -> str:
     return split_compounds(TOKENIZED_BLEU_TOKENIZERS[tokenizer]()(text.strip()))
 
 
+def check_segments(hypotheses: Sequence[str], references: Sequence[object]) -> None:
+    """Refuse (``ValueError``) an empty list of hypotheses or one whose length differs from the
+    references' (one reference entry per hypothesis)."""
+    if len(hypotheses) != len(references):
+        raise ValueError(
+            f"Got {len(hypotheses)} hypotheses but {len(references)} references: "
+            "pass exactly one reference entry per hypothesis."
+        )
+    if not hypotheses:
+        raise ValueError("No hypotheses to score: pass at least one segment.")
+
+
 def tokenized_bleu(
     hypotheses: Sequence[str],
     references: Sequence[str] | Sequence[Sequence[str]],
@@ -70,13 +83,7 @@ def tokenized_bleu(
         ``{"tokenized_bleu", "tokenized_bleu_method", "tokenized_bleu_precisions", "tokenized_bleu_bp"}``
         (score and precisions in [0, 100]); the method string names the tokenizer, the split and the scorer.
     """
-    if len(hypotheses) != len(references):
-        raise ValueError(
-            f"Got {len(hypotheses)} hypotheses but {len(references)} references: "
-            "pass exactly one reference entry per hypothesis."
-        )
-    if not hypotheses:
-        raise ValueError("No hypotheses to score: pass at least one segment.")
+    check_segments(hypotheses, references)
     per_segment = [[r] if isinstance(r, str) else list(r) for r in references]
     if len({len(r) for r in per_segment}) != 1:
         raise ValueError("Every segment needs the same number of references.")
