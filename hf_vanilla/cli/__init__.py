@@ -188,6 +188,13 @@ def quiet_unused_torchao() -> None:
 _debugging = False
 
 
+def _say(line: str) -> None:
+    """Write ``line`` to stderr in one write, so the lines of parallel processes sharing a log never interleave."""
+    sys.stderr.flush()
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _wants_traceback(argv: Sequence[str]) -> bool:
     if "--debug" in argv:
         return True
@@ -224,17 +231,17 @@ def run_cli(
     except Terminated:
         if debug:
             raise
-        print("terminated", file=sys.stderr)
+        _say("terminated")
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         if debug:
             raise
-        print("interrupted", file=sys.stderr)
+        _say("interrupted")
         return 130
     except Exception as err:
         if debug or not isinstance(err, user_errors()):
             raise
-        print("error:", " ".join(str(err).split()), file=sys.stderr)  # one line, also for multi-line messages
+        _say("error: " + " ".join(str(err).split()))  # one line, also for multi-line messages
         return 1
     finally:
         if previous is not None:

@@ -1163,6 +1163,35 @@ def test_run_cli_takes_any_argument_list(argv: list[str], traceback: bool) -> No
     assert seen == [argv]
 
 
+class _Writes(io.RawIOBase):
+    """A raw stream that records each ``write`` call, as the operating system would see it."""
+
+    def __init__(self) -> None:
+        self.calls: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.calls.append(bytes(data))
+        return len(data)
+
+
+def test_error_line_is_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every process of a distributed run prints the same ``error:`` line to one log: each must be a single
+    write, or the lines interleave (``error:error: ...``) and the one-line contract breaks."""
+    raw = _Writes()
+    # As Python sets up a redirected stderr: a text layer writing straight through to the file.
+    stderr = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)
+    monkeypatch.setattr(sys, "stderr", stderr)
+
+    def fails(args: list[str]) -> None:
+        raise ValueError("FSDP was asked for,\n  but this run would train plain DDP")
+
+    assert run_cli(fails, [], debug_flag=False) == 1
+    assert raw.calls == [b"error: FSDP was asked for, but this run would train plain DDP\n"]
+
+
 PUSH = ("--push_to_hub", "--hub_model_id", "someone/x")
 
 VALIDATION = ("--validation_files", "DATA")
