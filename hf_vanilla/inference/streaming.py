@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import sys
 import threading
@@ -18,6 +19,8 @@ from hf_vanilla.inference.translation import InputTooLongError, format_nbest, tr
 from hf_vanilla.io.atomic import atomic_file, refuse_to_replace
 
 __all__ = ["PAUSE_SECONDS", "check_input_file", "translate_stream"]
+
+logger = logging.getLogger(__name__)
 
 #: Seconds without a new line after which the lines read so far from stdin are translated.
 PAUSE_SECONDS = 0.1
@@ -101,6 +104,8 @@ def translate_stream(
                     out_stream.write(format_nbest(index, hypotheses))
             out_stream.flush()
             count += len(chunk)
+            if not to_stdout:  # progress: the file itself appears only when every line is translated
+                logger.info("Lines translated so far: %d (%s is written when all are)", count, output)
     return count
 
 

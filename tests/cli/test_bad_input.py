@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import CARD_ARGS, fed_pipes, tiny_model, word_tokenizer
+from helpers import CARD_ARGS, Outputs, fed_pipes, tiny_model, word_tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import DataCollatorForSeq2Seq, MarianConfig, MarianMTModel
 from transformers.modeling_outputs import BaseModelOutput
@@ -1620,18 +1619,18 @@ def test_sigterm_during_translation_leaves_the_folder_as_it_was(world: World, tm
     command = [sys.executable, str(ROOT / "scripts" / "translate.py"), "--model_name_or_path", str(world.model),
                "--output_file", str(tmp_path / "out.txt"), "--overwrite", "--device", "cpu"]  # fmt: skip
     process = subprocess.Popen(
-        command, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path.parent
-    )
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=tmp_path.parent,
+    )  # fmt: skip
+    output = Outputs(process)
     try:
         process.stdin.write("w1 w2 w3\n")
         process.stdin.flush()
-        staged: list[Path] = []
-        while not staged or staged[0].stat().st_size == 0:  # the first line is translated and written
-            assert process.poll() is None, process.stderr.read()[-2000:]
-            staged = list(tmp_path.glob(".out.txt.tmp-*"))
-            time.sleep(0.05)  # polling for the condition, not waiting for it to happen
+        output.wait_for(r" INFO hf_vanilla\S+: Lines translated so far: 1 ", timeout=300)  # into the staged file
+        assert len(list(tmp_path.glob(".out.txt.tmp-*"))) == 1
         process.send_signal(signal.SIGTERM)
-        err = process.communicate(timeout=120)[1]
+        err = output.closed(process, timeout=120)
+        process.wait(timeout=120)
     finally:
         process.kill()
     assert process.returncode == 143 and err.strip().splitlines()[-1] == "terminated", err[-2000:]
