@@ -1,6 +1,7 @@
 """How fast the commands start: the wall time of every command's ``--help``, and for
 ``hf-vanilla-translate`` on a tiny model folder the time from launching the process to the model's first
-forward call, beside the floor (``import torch, transformers`` and the modeling code of transformers).
+forward call, beside the floor (``import torch, transformers`` and the modeling code of transformers), and
+on its CTranslate2 export (a route that imports no torch) the time to the first call into CTranslate2.
 
     python benchmarks/cli_startup.py --rounds 5
     python benchmarks/cli_startup.py --rounds 3 --python /other/venv/bin/python --label before
@@ -52,6 +53,26 @@ from hf_vanilla.cli.translate import main
 sys.exit(main(sys.argv[1:]))
 """
 
+FIRST_CT2_CALL = """
+import sys, time
+from hf_vanilla.inference import ctranslate2
+
+def _first(self, *args, **kwargs):
+    print(f"FIRST_FORWARD {time.time():.6f} {time.process_time():.6f}", file=sys.stderr, flush=True)
+    return decode(self, *args, **kwargs)
+
+decode = ctranslate2.CTranslate2Model.generate_hypotheses
+ctranslate2.CTranslate2Model.generate_hypotheses = _first
+from hf_vanilla.cli.translate import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+EXPORT_CT2 = """
+import sys
+from hf_vanilla.interop.export_ctranslate2 import export_ctranslate2
+export_ctranslate2(sys.argv[1], sys.argv[2])
+"""
+
 #: What every model load imports whatever the command: torch, then transformers' modeling code.
 FLOORS = ("import torch", "import torch, transformers; import transformers.modeling_utils")
 
@@ -87,13 +108,16 @@ def _wall(command: list[str]) -> tuple[float, float]:
     return seconds, _cpu() - cpu
 
 
-def _first_forward(python: str, folder: Path, source: Path) -> tuple[float, float]:
-    """Wall seconds from launching ``hf-vanilla-translate`` to the first forward call, and the CPU
-    seconds (user + sys, all threads) the process had used by then."""
+def _first_forward(
+    python: str, folder: Path, source: Path, probe: str = FIRST_FORWARD
+) -> tuple[float, float]:
+    """Wall seconds from launching ``hf-vanilla-translate`` to the first forward call (``probe``
+    ``FIRST_CT2_CALL``: to the first call into CTranslate2), and the CPU seconds (user + sys, all threads)
+    the process had used by then."""
     start = time.time()
     args = ["--model_name_or_path", str(folder), "--device", "cpu", "--num_beams", "1"]
     args += ["--input_file", str(source), "--output_file", "-"]
-    result = subprocess.run([python, "-c", FIRST_FORWARD, *args], capture_output=True, text=True, check=False)
+    result = subprocess.run([python, "-c", probe, *args], capture_output=True, text=True, check=False)
     stamps = [line.split()[1:] for line in result.stderr.splitlines() if line.startswith("FIRST_FORWARD")]
     if result.returncode != 0 or not stamps:
         raise SystemExit(f"translate failed:\n{result.stderr[-2000:]}")
@@ -118,6 +142,10 @@ def main() -> None:
         folder, source = Path(tmp) / "model", Path(tmp) / "in.txt"
         subprocess.run([args.python, "-c", MAKE_FOLDER, str(folder)], check=True, capture_output=True)
         source.write_text("one two\nthree four\n", encoding="utf-8")
+        ct2 = subprocess.run(
+            [args.python, "-c", EXPORT_CT2, str(folder), str(Path(tmp) / "ct2")], check=False
+        )
+        ct2_folder = Path(tmp) / "ct2" if ct2.returncode == 0 else None  # without ctranslate2: not measured
         for _ in range(args.rounds):
             times.setdefault("python -c pass", []).append(_wall([args.python, "-c", "pass"]))
             for command in args.commands:
@@ -128,6 +156,10 @@ def main() -> None:
             times.setdefault("translate: launch → first forward", []).append(
                 _first_forward(args.python, folder, source)
             )
+            if ct2_folder is not None:
+                times.setdefault("translate, CTranslate2 export: launch → first call", []).append(
+                    _first_forward(args.python, ct2_folder, source, FIRST_CT2_CALL)
+                )
     print(
         f"| {args.label or 'measurement'} ({args.rounds} rounds) | wall: median [min–max] | CPU (user + sys) |"
     )

@@ -56,8 +56,8 @@ def _run(argv: list[str]) -> None:
     _, (model_args, decoding, io) = parse_arguments(
         argv, (InferenceModelArguments, DecodingOptions, IOArguments), __doc__
     )
-    from hf_vanilla.inference.ctranslate2 import CTranslate2Model  # torch, after --help
-    from hf_vanilla.inference.loading import load_model_and_tokenizer
+    # After --help; torch only for the transformers backend (a CTranslate2 export starts in about a second).
+    from hf_vanilla.inference.ctranslate2 import load_ctranslate2_and_tokenizer, resolve_backend
     from hf_vanilla.inference.streaming import check_input_file, translate_stream
 
     if io.output_file != "-":
@@ -69,8 +69,14 @@ def _run(argv: list[str]) -> None:
     check_nbest(io.nbest, decoding.num_beams)
     if io.max_length is not None and io.max_length < 1:
         raise ValueError(f"--max_length must be a positive number of tokens, got {io.max_length}.")
-    model, tokenizer = load_model_and_tokenizer(model_args, allow_ctranslate2=True)
-    described = model.describe(decoding) if isinstance(model, CTranslate2Model) else decoding.describe()
+    if resolve_backend(model_args) == "ctranslate2":
+        model, tokenizer = load_ctranslate2_and_tokenizer(model_args)
+        described = model.describe(decoding)
+    else:
+        from hf_vanilla.inference.loading import load_model_and_tokenizer
+
+        model, tokenizer = load_model_and_tokenizer(model_args)
+        described = decoding.describe()
     logging.getLogger(__name__).info("Decoding: %s", described)
     translate_stream(
         model,

@@ -31,19 +31,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import (
-    AutoTokenizer,
-    PretrainedConfig,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-)
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast  # neither imports torch
 
 from hf_vanilla.data.options import TOKENIZER_SAMPLE_PAIRS, DataArguments
 from hf_vanilla.data.options import TokenizerArguments as TokenizerArguments  # its old home
 
-if TYPE_CHECKING:  # each costs seconds to import, and translation does not use them
+if TYPE_CHECKING:  # each costs seconds to import (the Auto classes import torch); translation needs none
     import datasets
-    from transformers import TrainingArguments
+    from transformers import PretrainedConfig, TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -200,8 +195,24 @@ def check_tokenizer_matches_config(
         )
 
 
+def _names_the_tokenizers_backend(folder: Path) -> bool:
+    """Whether ``folder``'s tokenizer_config.json names the class ``AutoTokenizer`` would build from
+    tokenizer.json alone (``TokenizersBackend``, formerly ``PreTrainedTokenizerFast``: every tokenizer this
+    project writes). That class is loaded directly, without the Auto classes' import of torch, so a
+    CTranslate2 translation starts in about a second."""
+    path = folder / "tokenizer_config.json"
+    if not (path.is_file() and (folder / "tokenizer.json").is_file()):
+        return False
+    try:
+        named = json.loads(path.read_text(encoding="utf-8")).get("tokenizer_class")
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return False  # AutoTokenizer reports it
+    return named in ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def load_tokenizer(source: str | Path, **kwargs: Any) -> PreTrainedTokenizerBase:
-    """`AutoTokenizer.from_pretrained(source, **kwargs)`, with an error naming the folder or file and
+    """`AutoTokenizer.from_pretrained(source, **kwargs)` (for this project's tokenizers the class it
+    picks, loaded directly), with an error naming the folder or file and
     the cause when it cannot be loaded (a damaged `tokenizer.json`, a folder without a tokenizer)."""
     folder = Path(source)
     if folder.is_dir() and (folder / "tokenizer.json").is_file():
@@ -214,6 +225,10 @@ def load_tokenizer(source: str | Path, **kwargs: Any) -> PreTrainedTokenizerBase
                 "(`tokenizer.save_pretrained`) or copy it from the folder it was trained into."
             ) from err
     try:
+        if _names_the_tokenizers_backend(folder) and not kwargs.get("trust_remote_code"):
+            return PreTrainedTokenizerFast.from_pretrained(str(source), **kwargs)  # what AutoTokenizer picks
+        from transformers import AutoTokenizer  # imports torch: only for other tokenizer classes
+
         return AutoTokenizer.from_pretrained(str(source), **kwargs)
     except (OSError, ValueError) as err:
         detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

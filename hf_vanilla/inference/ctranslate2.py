@@ -1,17 +1,70 @@
-"""Translating with a CTranslate2 folder (the ``ctranslate2`` backend)."""
+"""Translating with a CTranslate2 folder (the ``ctranslate2`` backend). Nothing here imports torch, so a
+command that translates with a CTranslate2 export starts in about a second."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from hf_vanilla.inference.options import BACKENDS, DecodingOptions, InferenceModelArguments, check_nbest
 
-from hf_vanilla.inference.decoding import DecodingOptions, check_nbest
+if TYPE_CHECKING:
+    import torch
 
-__all__ = ["CTranslate2Model"]
+__all__ = ["CTranslate2Model", "is_ctranslate2_folder", "load_ctranslate2_and_tokenizer", "resolve_backend"]
+
+
+def is_ctranslate2_folder(folder: str | Path) -> bool:
+    """A CTranslate2 export: ``model.bin`` and no transformers weights beside it."""
+    folder = Path(folder)
+    return (folder / "model.bin").is_file() and not (folder / "model.safetensors").exists()
+
+
+def resolve_backend(args: InferenceModelArguments) -> str:
+    """``--backend``, with ``auto`` resolved by what the model folder holds."""
+    if args.backend not in BACKENDS:
+        raise ValueError(f"Unknown --backend {args.backend!r}: choose one of {', '.join(BACKENDS)}.")
+    if args.backend != "auto":
+        return args.backend
+    return "ctranslate2" if is_ctranslate2_folder(args.model_name_or_path) else "transformers"
+
+
+def load_ctranslate2_and_tokenizer(args: InferenceModelArguments) -> tuple[CTranslate2Model, Any]:
+    """The ``ctranslate2`` backend's half of :func:`hf_vanilla.inference.loading.load_model_and_tokenizer`,
+    without torch: the export as a :class:`CTranslate2Model` and its tokenizer, checked to belong together."""
+    from hf_vanilla.data.tokenization import check_tokenizer_matches_config, load_tokenizer
+
+    if args.quantization != "none":
+        raise ValueError(
+            "--quantization is for the transformers backend; a CTranslate2 model is quantized when exported "
+            "(hf-vanilla-export-ct2 --quantization int8)."
+        )
+    if args.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise ValueError(f"Unknown --dtype {args.dtype!r}: choose one of auto, float32, bfloat16, float16.")
+    tokenizer_source = args.tokenizer_name_or_path or args.model_name_or_path
+    tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
+    model = CTranslate2Model(args.model_name_or_path, args.device, args.dtype)
+    check_tokenizer_matches_config(
+        tokenizer, model.config, f"tokenizer {tokenizer_source}, model {args.model_name_or_path}"
+    )
+    return model, tokenizer
+
+
+def _device(ctranslate2: Any, device: str | torch.device | None) -> tuple[str, int]:
+    """``--device`` for CTranslate2 (its own view of the GPUs, no torch): ``None``/``"auto"`` → CUDA if
+    CTranslate2 sees a GPU, else CPU; ``"cpu"``, ``"cuda"`` and ``"cuda:N"`` as named."""
+    name = "auto" if device is None else str(device)
+    gpus = ctranslate2.get_cuda_device_count()
+    if name == "auto":
+        return ("cuda" if gpus else "cpu"), 0
+    kind, _, index = name.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise ValueError(f"--device {name!r}: CTranslate2 runs on 'cpu', 'cuda' or 'cuda:N' (or use 'auto').")
+    if kind == "cuda" and not gpus:
+        raise ValueError("`device` is 'cuda' but no CUDA GPU is visible: use --device cpu.")
+    return kind, int(index or 0)
 
 
 class CTranslate2Model:
@@ -27,7 +80,9 @@ class CTranslate2Model:
     search, the plain log-probability in greedy decoding.
     """
 
-    def __init__(self, folder: str | Path, device: torch.device, dtype: str = "auto") -> None:
+    def __init__(
+        self, folder: str | Path, device: str | torch.device | None = None, dtype: str = "auto"
+    ) -> None:
         try:
             import ctranslate2
         except ImportError as err:
@@ -40,11 +95,12 @@ class CTranslate2Model:
                 f"--model_name_or_path {str(folder)!r} holds no CTranslate2 model (model.bin): write one with "
                 "hf-vanilla-export-ct2, or use --backend transformers."
             )
+        device_type, device_index = _device(ctranslate2, device)
         compute_type = "default" if dtype == "auto" else dtype
-        supported = ctranslate2.get_supported_compute_types(device.type, device.index or 0)
+        supported = ctranslate2.get_supported_compute_types(device_type, device_index)
         if compute_type != "default" and compute_type not in supported:
             raise ValueError(
-                f"--dtype {dtype}: CTranslate2 cannot compute in it on {device.type} (it can: "
+                f"--dtype {dtype}: CTranslate2 cannot compute in it on {device_type} (it can: "
                 f"{', '.join(sorted(supported))}); use --dtype auto or float32."
             )
         self.folder = folder
@@ -54,7 +110,7 @@ class CTranslate2Model:
         self.config = self._vocabulary_config(folder, defaults)
         try:
             self.translator = ctranslate2.Translator(
-                str(folder), device=device.type, device_index=device.index or 0, compute_type=compute_type
+                str(folder), device=device_type, device_index=device_index, compute_type=compute_type
             )
         except RuntimeError as err:  # CTranslate2 names neither the file nor what to do
             raise ValueError(

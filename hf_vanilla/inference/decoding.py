@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -11,6 +11,7 @@ from hf_vanilla.inference.options import (
     EARLY_STOPPING,
     LENGTH_PENALTY_TYPES,
     DecodingOptions,
+    Hypothesis,
     check_nbest,
     refuse_non_finite,
 )
@@ -76,14 +77,6 @@ def nbest_log_probs(outputs: Any, length_penalty: float) -> tuple[torch.Tensor, 
         )
     lengths = (outputs.beam_indices >= 0).sum(dim=1).clamp(min=1).to(outputs.sequences_scores.dtype)
     return outputs.sequences_scores * lengths**length_penalty, lengths
-
-
-@dataclass
-class Hypothesis:
-    """One translation of a sentence; ``score`` is ``None`` unless an n-best list was asked for."""
-
-    text: str
-    score: float | None = None
 
 
 def _greedy_scores(outputs: Any, eos_id: int, length_penalty: float) -> torch.Tensor:

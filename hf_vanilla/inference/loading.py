@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from hf_vanilla.data.tokenization import check_tokenizer_matches_config, load_tokenizer
-from hf_vanilla.inference.ctranslate2 import CTranslate2Model
+from hf_vanilla.inference.ctranslate2 import load_ctranslate2_and_tokenizer, resolve_backend
 from hf_vanilla.inference.options import BACKENDS, InferenceModelArguments
 from hf_vanilla.inference.quantization import check_route, from_pretrained_kwargs, quantize_loaded
 from hf_vanilla.io.errors import CheckpointError
@@ -63,33 +63,17 @@ def load_model_and_tokenizer(
     :data:`DTYPES`. With the ``ctranslate2`` backend (only where ``allow_ctranslate2``: commands that
     only translate) the model is a :class:`CTranslate2Model`."""
     device = resolve_device(args.device)
-    if args.backend not in BACKENDS:
-        raise ValueError(f"Unknown --backend {args.backend!r}: choose one of {', '.join(BACKENDS)}.")
+    backend = resolve_backend(args)
     if args.dtype not in DTYPES:
         raise ValueError(f"Unknown --dtype {args.dtype!r}: choose one of {', '.join(DTYPES)}.")
-    backend = args.backend
-    if backend == "auto":
-        folder = Path(args.model_name_or_path)
-        is_ct2 = (folder / "model.bin").is_file() and not (folder / "model.safetensors").exists()
-        backend = "ctranslate2" if is_ct2 else "transformers"
-    tokenizer_source = args.tokenizer_name_or_path or args.model_name_or_path
     if backend == "ctranslate2":
         if not allow_ctranslate2:
             raise ValueError(
                 f"--model_name_or_path {args.model_name_or_path!r} is a CTranslate2 export (or --backend "
                 "ctranslate2 was given): this command needs the transformers model folder it was exported from."
             )
-        if args.quantization != "none":
-            raise ValueError(
-                "--quantization is for the transformers backend; a CTranslate2 model is quantized when exported "
-                "(hf-vanilla-export-ct2 --quantization int8)."
-            )
-        tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
-        model = CTranslate2Model(args.model_name_or_path, device, args.dtype)
-        check_tokenizer_matches_config(
-            tokenizer, model.config, f"tokenizer {tokenizer_source}, model {args.model_name_or_path}"
-        )
-        return model, tokenizer
+        return load_ctranslate2_and_tokenizer(args)
+    tokenizer_source = args.tokenizer_name_or_path or args.model_name_or_path
     check_route(args.quantization, device)
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
     kwargs.update(from_pretrained_kwargs(args.quantization))

@@ -13,6 +13,7 @@ __all__ = [
     "EARLY_STOPPING",
     "LENGTH_PENALTY_TYPES",
     "DecodingOptions",
+    "Hypothesis",
     "InferenceModelArguments",
     "check_nbest",
     "refuse_non_finite",
@@ -80,6 +81,14 @@ class DecodingOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "description": self.describe()}
+
+
+@dataclass
+class Hypothesis:
+    """One translation of a sentence; ``score`` is ``None`` unless an n-best list was asked for."""
+
+    text: str
+    score: float | None = None
 
 
 def refuse_non_finite(options: dict[str, Any]) -> None:

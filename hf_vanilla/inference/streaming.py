@@ -9,14 +9,15 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import torch
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from hf_vanilla.data.text import text_lines
-from hf_vanilla.inference.decoding import DecodingOptions
+from hf_vanilla.inference.options import DecodingOptions
 from hf_vanilla.inference.translation import InputTooLongError, format_nbest, translate_nbest
 from hf_vanilla.io.atomic import atomic_file, refuse_to_replace
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["PAUSE_SECONDS", "check_input_file", "translate_stream"]
 

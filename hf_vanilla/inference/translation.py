@@ -33,21 +33,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from hf_vanilla.data.tokenization import check_tokenizer_matches_config
 from hf_vanilla.inference.ctranslate2 import CTranslate2Model
-from hf_vanilla.inference.decoding import (
-    DecodingOptions,
-    Hypothesis,
-    check_nbest,
-    generate_hypotheses,
-    refuse_non_finite,
-)
-from hf_vanilla.inference.loading import resolve_device
+from hf_vanilla.inference.options import DecodingOptions, Hypothesis, check_nbest, refuse_non_finite
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +153,10 @@ def translate_nbest(
             raise ValueError(
                 f"The ctranslate2 backend takes no generate() argument other than max_new_tokens: {unknown}."
             )
-    else:
+    else:  # torch, imported here: the CTranslate2 backend translates without it
+        from hf_vanilla.inference.decoding import generate_hypotheses
+        from hf_vanilla.inference.loading import resolve_device
+
         device = resolve_device(device)
         model.to(device)
         model.eval()

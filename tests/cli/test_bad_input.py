@@ -1626,7 +1626,8 @@ def test_sigterm_during_translation_leaves_the_folder_as_it_was(world: World, tm
     try:
         process.stdin.write("w1 w2 w3\n")
         process.stdin.flush()
-        output.wait_for(r" INFO hf_vanilla\S+: Lines translated so far: 1 ", timeout=300)  # into the staged file
+        # The first line is translated into the staged file:
+        output.wait_for(r" INFO hf_vanilla\S+: Lines translated so far: 1 ", timeout=300)
         assert len(list(tmp_path.glob(".out.txt.tmp-*"))) == 1
         process.send_signal(signal.SIGTERM)
         err = output.closed(process, timeout=120)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import datasets
@@ -14,6 +15,7 @@ from hf_vanilla.data.numbers import make_demo_splits
 from hf_vanilla.data.tokenization import (
     TokenizerArguments,
     check_tokenizer_matches_config,
+    load_tokenizer,
     tokenize_translations,
     train_bpe_tokenizer,
     train_tokenizer_from_dataset,
@@ -86,6 +88,28 @@ def test_save_and_load_with_auto_tokenizer(tokenizer, tmp_path: Path) -> None:
         ids = loaded(text)["input_ids"]
         assert ids == tokenizer(text)["input_ids"]
         assert loaded.decode(ids, skip_special_tokens=True) == text
+
+
+def test_load_tokenizer_builds_what_auto_tokenizer_builds(tokenizer, tmp_path: Path) -> None:
+    """``load_tokenizer`` loads this project's tokenizers with their class directly (no torch import for
+    a CTranslate2 translation): the same class, settings, ids and text as ``AutoTokenizer``."""
+    tokenizer.save_pretrained(tmp_path)
+    direct, auto = load_tokenizer(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    assert type(direct) is type(auto)
+    assert direct.init_kwargs == auto.init_kwargs and direct.special_tokens_map == auto.special_tokens_map
+    assert (direct.model_max_length, direct.padding_side, direct.pad_token_id) == (
+        auto.model_max_length, auto.padding_side, auto.pad_token_id,
+    )  # fmt: skip
+    ids = direct(LINES, padding=True)["input_ids"]
+    assert ids == auto(LINES, padding=True)["input_ids"]
+    assert direct.batch_decode(ids, skip_special_tokens=True) == auto.batch_decode(
+        ids, skip_special_tokens=True
+    )
+    other = tmp_path / "other"  # a folder naming another class goes through AutoTokenizer
+    tokenizer.save_pretrained(other)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "BertTokenizer"}))
+    assert type(load_tokenizer(other)) is type(AutoTokenizer.from_pretrained(other)) is not type(auto)
 
 
 def test_train_from_dataset_round_trips_every_line() -> None:

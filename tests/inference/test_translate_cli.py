@@ -3,6 +3,7 @@ token budgets, and a CTranslate2 backend that gives the transformers backend's o
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -180,6 +181,36 @@ def test_both_backends_give_the_same_greedy_output_and_format(
     assert outputs["ct2"] == outputs["hf"] and outputs["ct2-nbest"] == outputs["hf-nbest"]
     assert outputs["hf"][1] == "" and len(set(outputs["hf"])) > 2
     assert len(outputs["hf"][-1].split()) > 64  # the longest input's translation passed the encoder's table
+
+
+_WITHOUT_TORCH = """
+import json, sys
+from hf_vanilla.cli.translate import main
+status = main(sys.argv[1:])
+print(json.dumps({"status": status, "torch": sorted(m for m in sys.modules if m.split(".")[0] == "torch")}))
+"""
+
+
+def test_the_ctranslate2_backend_translates_without_importing_torch(
+    folder: Path, ct2_folder: Path, tmp_path: Path
+) -> None:
+    """``hf-vanilla-translate`` on a CTranslate2 export never imports torch (nor transformers' Auto
+    classes, which do): the command reaches CTranslate2 in about a second, and translates as the
+    transformers backend does."""
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in LINES))
+    model, tokenizer = _load(folder)
+    translate_stream(model, tokenizer, tmp_path / "in.txt", tmp_path / "hf.txt", GREEDY)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TORCH, "--model_name_or_path", str(ct2_folder), "--num_beams", "1",
+         "--input_file", str(tmp_path / "in.txt"), "--output_file", str(tmp_path / "ct2.txt")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["status"] == 0 and report["torch"] == [], report
+    assert (tmp_path / "ct2.txt").read_text() == (tmp_path / "hf.txt").read_text()
+    assert "CTranslate2 greedy (beam 1)" in done.stderr
 
 
 def test_an_input_longer_than_the_model_takes_is_refused_alike(
