@@ -8,7 +8,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from hf_vanilla.inference.options import BACKENDS, DecodingOptions, InferenceModelArguments, check_nbest
+from hf_vanilla.inference.options import (
+    BACKENDS,
+    DTYPE_NAMES,
+    DecodingOptions,
+    InferenceModelArguments,
+    check_nbest,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -41,8 +47,8 @@ def load_ctranslate2_and_tokenizer(args: InferenceModelArguments) -> tuple[CTran
             "--quantization is for the transformers backend; a CTranslate2 model is quantized when exported "
             "(hf-vanilla-export-ct2 --quantization int8)."
         )
-    if args.dtype not in ("auto", "float32", "bfloat16", "float16"):
-        raise ValueError(f"Unknown --dtype {args.dtype!r}: choose one of auto, float32, bfloat16, float16.")
+    if args.dtype not in DTYPE_NAMES:
+        raise ValueError(f"Unknown --dtype {args.dtype!r}: choose one of {', '.join(DTYPE_NAMES)}.")
     tokenizer_source = args.tokenizer_name_or_path or args.model_name_or_path
     tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
     model = CTranslate2Model(args.model_name_or_path, args.device, args.dtype)

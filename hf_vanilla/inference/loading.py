@@ -10,7 +10,7 @@ import torch
 
 from hf_vanilla.data.tokenization import check_tokenizer_matches_config, load_tokenizer
 from hf_vanilla.inference.ctranslate2 import load_ctranslate2_and_tokenizer, resolve_backend
-from hf_vanilla.inference.options import BACKENDS, InferenceModelArguments
+from hf_vanilla.inference.options import BACKENDS, DTYPE_NAMES, InferenceModelArguments
 from hf_vanilla.inference.quantization import check_route, from_pretrained_kwargs, quantize_loaded
 from hf_vanilla.io.errors import CheckpointError
 from hf_vanilla.io.safe_loading import load_pretrained_checked
@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 #: ``--dtype`` values and the torch dtype of each (``auto``: as saved / as exported).
-DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = dict(zip(DTYPE_NAMES, (None, torch.float32, torch.bfloat16, torch.float16), strict=True))
 
 
 def load_model(name: str | Path, **kwargs: Any) -> Any:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 __all__ = [
     "BACKENDS",
+    "DTYPE_NAMES",
     "EARLY_STOPPING",
     "LENGTH_PENALTY_TYPES",
     "DecodingOptions",
@@ -112,6 +113,10 @@ def check_nbest(nbest: int | None, num_beams: int) -> None:
 
 
 BACKENDS = ("auto", "transformers", "ctranslate2")
+
+#: ``--dtype`` values (``auto``: as saved / as exported); :data:`hf_vanilla.inference.loading.DTYPES` maps
+#: them to torch dtypes.
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
