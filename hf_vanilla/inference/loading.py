@@ -62,7 +62,6 @@ def load_model_and_tokenizer(
     ``args.quantization`` names a route of :mod:`hf_vanilla.inference.quantization`, ``args.dtype`` one of
     :data:`DTYPES`. With the ``ctranslate2`` backend (only where ``allow_ctranslate2``: commands that
     only translate) the model is a :class:`CTranslate2Model`."""
-    device = resolve_device(args.device)
     backend = resolve_backend(args)
     if args.dtype not in DTYPES:
         raise ValueError(f"Unknown --dtype {args.dtype!r}: choose one of {', '.join(DTYPES)}.")
@@ -72,7 +71,8 @@ def load_model_and_tokenizer(
                 f"--model_name_or_path {args.model_name_or_path!r} is a CTranslate2 export (or --backend "
                 "ctranslate2 was given): this command needs the transformers model folder it was exported from."
             )
-        return load_ctranslate2_and_tokenizer(args)
+        return load_ctranslate2_and_tokenizer(args)  # CTranslate2 resolves --device itself
+    device = resolve_device(args.device)
     tokenizer_source = args.tokenizer_name_or_path or args.model_name_or_path
     check_route(args.quantization, device)
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
