@@ -82,7 +82,11 @@ class StepTimer:
 
 def profile(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model_and_tokenizer(InferenceModelArguments(args.model_dir, device="cpu"))
+    model, tokenizer = load_model_and_tokenizer(
+        InferenceModelArguments(
+            args.model_dir, device="cpu", dtype=args.dtype, quantization=args.quantization
+        )
+    )
     model.drop_finished_sentences = not args.keep_finished
     sentences = read_lines(Path(args.data_dir) / "val.de.gz", args.sentences)
     ids = tokenizer(sentences)["input_ids"]
@@ -149,6 +153,10 @@ def main() -> None:
     parser.add_argument("--early_stopping", default="never", choices=["never", "true", "false"])
     parser.add_argument("--sentences", type=int, default=None, help="Only the first N sentences.")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="auto", help="As hf-vanilla-translate's --dtype (e.g. bfloat16).")
+    parser.add_argument(
+        "--quantization", default="none", help="As hf-vanilla-translate's --quantization (e.g. dynamic-int8)."
+    )
     parser.add_argument("--torch_profile", type=int, default=0, help="Operator table of the first N batches.")
     parser.add_argument(
         "--keep_finished",

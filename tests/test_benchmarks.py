@@ -3,6 +3,7 @@ benchmarks/RESULTS.md; these tests only keep the scripts from rotting between me
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import randomize, tiny_model, word_tokenizer
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -76,3 +78,65 @@ def test_onnx_generate_benchmark_times_equal_outputs_in_every_case(tmp_path: Pat
     assert [(case["batch"], case["beams"]) for case in report["cases"]] == [(1, 1), (1, 4), (16, 1), (16, 4)]
     assert all(case["onnxruntime_speedup"] > 0 for case in report["cases"])
     assert report["machine"]["cpu"]
+
+
+def _real_text_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    """A tiny model folder with its tokenizer, and a data folder with ``val.{de,en}.gz`` of 12 lines."""
+    model_dir, data_dir = tmp_path / "model", tmp_path / "data"
+    randomize(tiny_model(), 0).save_pretrained(model_dir)
+    word_tokenizer().save_pretrained(model_dir)
+    data_dir.mkdir()
+    lines = [" ".join(f"w{(3 * i + j) % 90}" for j in range(2 + i % 7)) for i in range(12)]
+    for lang in ("de", "en"):
+        with gzip.open(data_dir / f"val.{lang}.gz", "wt", encoding="utf-8") as handle:
+            handle.write("".join(f"{line}\n" for line in lines))
+    return model_dir, data_dir
+
+
+@pytest.mark.slow
+def test_real_text_benchmark_times_every_mode_and_prints_its_table(tmp_path: Path) -> None:
+    """real_text.py runs a case per (mode, route, decoding, batch size) in every round, on the model's
+    own folder and the exports it writes, and --summarize turns its JSON into the Markdown table;
+    real_text_profile.py splits generate() for a quantized route."""
+    pytest.importorskip("ctranslate2", reason="the CTranslate2 routes need the `ct2` extra")
+    model_dir, data_dir = _real_text_inputs(tmp_path)
+    common = ("--model_dir", str(model_dir), "--data_dir", str(data_dir), "--work_dir", str(tmp_path / "w"))
+    report = _run(
+        "real_text.py",
+        tmp_path,
+        *common,
+        "--routes", "fp32,int8,ct2-int8",
+        "--modes", "generate,cli-start",
+        "--batch_sizes", "4,1",
+        "--batch1_sentences", "3",
+        "--rounds", "2",
+    )  # fmt: skip
+    cases = {run["case"] for run in report["runs"]}
+    assert {"generate/fp32/never/b4", "generate/int8/true/b1", "generate/ct2-int8/beam4/b4"} <= cases
+    assert {"cli-start/fp32/greedy/b1", "cli-start/ct2-int8/greedy/b1"} <= cases
+    assert all(sum(run["case"] == case for run in report["runs"]) == 2 for case in cases)
+    assert {run["sentences"] for run in report["runs"] if run["case"].endswith("/b4")} == {12}
+    assert {run["sentences"] for run in report["runs"] if run["case"].startswith("generate/") and
+            run["case"].endswith("/b1")} == {3}  # fmt: skip
+    table = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "real_text.py"),
+            "--summarize",
+            str(tmp_path / "real_text.py.json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert table.startswith("| case |") and "| generate/ct2-int8/beam4/b4 | 12 |" in table
+    profile = _run(
+        "real_text_profile.py",
+        tmp_path,
+        "--model_dir", str(model_dir),
+        "--data_dir", str(data_dir),
+        "--batch_size", "4",
+        "--quantization", "dynamic-int8",
+    )  # fmt: skip
+    assert profile["batches"] == 3 and profile["steps"] > 0
+    assert 0 < profile["forward"] < profile["generate"] and profile["search"] > 0
