@@ -16,13 +16,17 @@ batch 1 translates the first ``--batch1_sentences`` sentences only.
 
 Two modes per case:
 
-* ``generate``: the model is loaded once; the timed part is :func:`hf_vanilla.inference.translation.translate`
-  (tokenizing, batching, ``generate()`` per batch, detokenizing): the decoding loop alone.
+* ``generate``: the model is loaded once, in a worker process of its route's own; the timed part is
+  :func:`hf_vanilla.inference.translation.translate` (tokenizing, batching, ``generate()`` per batch,
+  detokenizing): the decoding loop alone. One process per route because engines in one process slow each
+  other: CTranslate2 and ONNX Runtime bring their own thread pools, and once they have run, torch's
+  dynamic-int8 ``translate()`` took 13.0 s instead of 8.5–9.9 s alone (recipe model, beam 4, batch 32,
+  2026-12-02). Idle workers wait on a pipe; the runner pauses ``--settle`` seconds before each case.
 * ``cli``: the whole ``hf-vanilla-translate`` command (start, imports, loading, translating, writing),
   timed from outside. ``cli-start`` is the command on one short sentence, greedy: its fixed cost.
 
-Cases run round-robin (every case once per round, ``--rounds`` rounds) after one untimed warm-up of each
-loaded model; the JSON (``--json_out``) keeps every run, :func:`summarize` turns one or more of them into
+Cases run round-robin (every case once per round, ``--rounds`` rounds) after one untimed warm-up batch in
+each worker; the JSON (``--json_out``) keeps every run, :func:`summarize` turns one or more of them into
 the Markdown table of benchmarks/RESULTS.md (medians and min–max over all rounds):
 
     python benchmarks/real_text.py --model_dir /tmp/rt27/recipe/averaged --json_out /tmp/rt27/a.json
@@ -172,20 +176,72 @@ def bleu(hypotheses: list[str], references: list[str]) -> float:
     return sacrebleu.corpus_bleu(hypotheses, [references[: len(hypotheses)]]).score
 
 
+class Worker:
+    """A process that loads one generate-mode route (``real_text.py --worker ROUTE``) and times
+    :func:`translate` calls sent to it as JSON lines: one engine per process."""
+
+    def __init__(self, route: str, folder: Path, model_dir: Path, threads: int) -> None:
+        command = [sys.executable, __file__, "--worker", route, "--worker_folder", str(folder)]
+        command += ["--model_dir", str(model_dir), "--threads", str(threads)]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        if self._read() != {"ready": True}:
+            raise RuntimeError(f"the {route} worker did not start")
+
+    def _read(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker exited with {self.process.wait()}")
+        return json.loads(line)
+
+    def translate(self, sentences: list[str], decoding: str, batch_size: int) -> tuple[float, list[str]]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(
+            json.dumps({"sentences": sentences, "decoding": decoding, "batch": batch_size})
+        )
+        self.process.stdin.write("\n")
+        self.process.stdin.flush()
+        answer = self._read()
+        return answer["seconds"], answer["hypotheses"]
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait()
+
+
+def serve(args: argparse.Namespace) -> None:
+    """``--worker ROUTE``: load the route, then time each request. Answers go to the process's stdout,
+    anything else the libraries print to stderr."""
+    answers, sys.stdout = sys.stdout, sys.stderr
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_route(args.worker, Path(args.worker_folder), Path(args.model_dir), args.threads)
+    answers.write(json.dumps({"ready": True}) + "\n")
+    answers.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        decoding = DECODINGS[request["decoding"]]
+        start = time.perf_counter()
+        out = translate(model, tokenizer, request["sentences"], decoding, request["batch"], "cpu")
+        seconds = time.perf_counter() - start
+        answers.write(json.dumps({"seconds": seconds, "hypotheses": list(out)}) + "\n")
+        answers.flush()
+
+
 def run_case(
     case: Case,
     sentences: list[str],
-    loaded: dict[str, tuple[Any, Any]],
+    workers: dict[str, Worker],
     folders: dict[str, Path],
     work_dir: Path,
     threads: int,
 ) -> tuple[float, list[str]]:
     """One timed run of ``case``: seconds and the translations."""
     if case.mode == "generate":
-        model, tokenizer = loaded[case.route]
-        start = time.perf_counter()
-        out = translate(model, tokenizer, sentences, DECODINGS[case.decoding], case.batch_size, "cpu")
-        return time.perf_counter() - start, list(out)
+        return workers[case.route].translate(sentences, case.decoding, case.batch_size)
     source, output = work_dir / f"source-{len(sentences)}.txt", work_dir / "output.txt"
     if not source.exists():
         source.write_text("".join(f"{line}\n" for line in sentences), encoding="utf-8")
@@ -234,18 +290,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sources[: args.batch1_sentences] if case.batch_size == 1 else sources
         for case in cases
     }  # fmt: skip
-    loaded = {
-        route: load_route(route, folders[ROUTES[route][0]], model_dir, args.threads)
+    workers = {
+        route: Worker(route, folders[ROUTES[route][0]], model_dir, args.threads)
         for route in routes
         if any(case.mode == "generate" and case.route == route for case in cases)
     }
-    for model, tokenizer in loaded.values():  # warm-up: one batch each, untimed
-        translate(model, tokenizer, sources[:32], DECODINGS["greedy"], 32, "cpu")
+    for worker in workers.values():  # warm-up: one batch each, untimed
+        worker.translate(sources[:32], "greedy", 32)
     results: dict[str, Any] = {"arguments": vars(args), "machine": machine_description(), "runs": []}
     for round_index in range(args.rounds):
         for case in cases:
+            time.sleep(args.settle)  # the last engine's spinning threads wind down
             load = load_average()
-            seconds, hypotheses = run_case(case, inputs[case], loaded, folders, work_dir, args.threads)
+            seconds, hypotheses = run_case(case, inputs[case], workers, folders, work_dir, args.threads)
             words = sum(len(line.split()) for line in inputs[case])
             record = {
                 "case": case.name,
@@ -261,6 +318,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
             sys.stdout.write(f"{case.name}: {seconds:.2f} s, BLEU {record['bleu']}, load {load:.2f}\n")
             sys.stdout.flush()
+    for worker in workers.values():
+        worker.close()
     return results
 
 
@@ -300,9 +359,15 @@ def main() -> None:
     parser.add_argument("--batch1_sentences", type=int, default=100, help="Batch 1: the first N sentences.")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--settle", type=float, default=0.5, help="Seconds of pause before each case.")
     parser.add_argument("--json_out", help="Write every run here as JSON.")
     parser.add_argument("--summarize", nargs="+", metavar="JSON", help="Print the table of these results.")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: serve one route (see Worker)
+    parser.add_argument("--worker_folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        serve(args)
+        return
     if args.summarize:
         summarize(args.summarize)
         return
