@@ -56,35 +56,10 @@ from typing import Any
 import sacrebleu
 import torch
 from bench_timing import load_average, machine_description
+from real_text_worker import CT2_DECODINGS, DECODINGS, GENERATE_ONLY, HF_DECODINGS, ROUTES
 
-from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.inference.loading import load_model_and_tokenizer
 from hf_vanilla.inference.options import InferenceModelArguments
-from hf_vanilla.inference.translation import translate
-
-#: Route name → (backend folder kind, ``hf-vanilla-translate`` arguments beyond the folder).
-ROUTES: dict[str, tuple[str, list[str]]] = {
-    "fp32": ("hf", []),
-    "bf16": ("hf", ["--dtype", "bfloat16"]),
-    "int8": ("hf", ["--quantization", "dynamic-int8"]),
-    "ct2-fp32": ("ct2-float32", []),
-    "ct2-int8": ("ct2-int8", []),
-    "onnx": ("onnx", []),
-    # transformers' own beam-search loop, which goes on computing finished sentences (generate only)
-    "fp32-keep": ("hf", []),
-    "int8-keep": ("hf", ["--quantization", "dynamic-int8"]),
-}
-#: Routes without a command of their own.
-GENERATE_ONLY = ("onnx", "fp32-keep", "int8-keep")
-#: Decoding name → options. CTranslate2 runs ``beam4`` (its own stopping rule) and ``greedy``.
-DECODINGS = {
-    "never": DecodingOptions(num_beams=4, early_stopping="never"),
-    "true": DecodingOptions(num_beams=4, early_stopping="true"),
-    "beam4": DecodingOptions(num_beams=4),
-    "greedy": DecodingOptions(num_beams=1),
-}
-HF_DECODINGS = ("never", "true", "greedy")
-CT2_DECODINGS = ("beam4", "greedy")
 
 
 @dataclass(frozen=True)
@@ -131,30 +106,6 @@ def prepare_folders(model_dir: Path, work_dir: Path, routes: Iterable[str]) -> d
     return folders
 
 
-def load_route(route: str, folder: Path, model_dir: Path, threads: int) -> tuple[Any, Any]:
-    """The model and tokenizer a route decodes with, loaded as ``hf-vanilla-translate`` loads them."""
-    kind, cli_args = ROUTES[route]
-    if kind == "onnx":
-        from hf_vanilla.data.tokenization import load_tokenizer
-        from hf_vanilla.interop.onnx_generation import OnnxVanillaTransformerForConditionalGeneration
-
-        model = OnnxVanillaTransformerForConditionalGeneration.from_pretrained(
-            folder, intra_op_threads=threads
-        )
-        return model, load_tokenizer(str(model_dir))
-    options = dict(zip(cli_args[::2], cli_args[1::2], strict=True))
-    args = InferenceModelArguments(
-        str(folder),
-        device="cpu",
-        dtype=options.get("--dtype", "auto"),
-        quantization=options.get("--quantization", "none"),
-    )
-    model, tokenizer = load_model_and_tokenizer(args, allow_ctranslate2=True)
-    if route.endswith("-keep"):
-        model.drop_finished_sentences = False
-    return model, tokenizer
-
-
 def cli_command(case: Case, folder: Path, source: Path, output: Path) -> list[str]:
     decoding = DECODINGS[case.decoding]
     command = [
@@ -177,12 +128,13 @@ def bleu(hypotheses: list[str], references: list[str]) -> float:
 
 
 class Worker:
-    """A process that loads one generate-mode route (``real_text.py --worker ROUTE``) and times
-    :func:`translate` calls sent to it as JSON lines: one engine per process."""
+    """A process that loads one generate-mode route (``real_text_worker.py``) and times
+    :func:`~hf_vanilla.inference.translation.translate` calls sent to it as JSON lines: one engine
+    per process."""
 
     def __init__(self, route: str, folder: Path, model_dir: Path, threads: int) -> None:
-        command = [sys.executable, __file__, "--worker", route, "--worker_folder", str(folder)]
-        command += ["--model_dir", str(model_dir), "--threads", str(threads)]
+        worker = Path(__file__).with_name("real_text_worker.py")
+        command = [sys.executable, str(worker), route, str(folder), str(model_dir), str(threads)]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
         self.process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
@@ -211,24 +163,6 @@ class Worker:
         if self.process.stdin is not None:
             self.process.stdin.close()
         self.process.wait()
-
-
-def serve(args: argparse.Namespace) -> None:
-    """``--worker ROUTE``: load the route, then time each request. Answers go to the process's stdout,
-    anything else the libraries print to stderr."""
-    answers, sys.stdout = sys.stdout, sys.stderr
-    torch.set_num_threads(args.threads)
-    model, tokenizer = load_route(args.worker, Path(args.worker_folder), Path(args.model_dir), args.threads)
-    answers.write(json.dumps({"ready": True}) + "\n")
-    answers.flush()
-    for line in sys.stdin:
-        request = json.loads(line)
-        decoding = DECODINGS[request["decoding"]]
-        start = time.perf_counter()
-        out = translate(model, tokenizer, request["sentences"], decoding, request["batch"], "cpu")
-        seconds = time.perf_counter() - start
-        answers.write(json.dumps({"seconds": seconds, "hypotheses": list(out)}) + "\n")
-        answers.flush()
 
 
 def run_case(
@@ -271,7 +205,7 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
                     Case(mode, route, decoding, batch_size)
                     for decoding in decodings_of(route)
                     if decoding in args.decodings.split(",")
-                    or (decoding == "beam4" and "never" in args.decodings)
+                    or (decoding == "beam4" and {"never", "true"} & set(args.decodings.split(",")))
                 ]
     return cases
 
@@ -362,12 +296,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=0.5, help="Seconds of pause before each case.")
     parser.add_argument("--json_out", help="Write every run here as JSON.")
     parser.add_argument("--summarize", nargs="+", metavar="JSON", help="Print the table of these results.")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: serve one route (see Worker)
-    parser.add_argument("--worker_folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        serve(args)
-        return
     if args.summarize:
         summarize(args.summarize)
         return

@@ -1,0 +1,97 @@
+"""One engine of ``benchmarks/real_text.py`` in a process of its own (see ``real_text.Worker``).
+
+CTranslate2's and ONNX Runtime's thread pools and torch's slow each other down in one process, so each
+route decodes in a worker that imports only its engine: a CTranslate2 route imports no torch (as
+``hf-vanilla-translate`` on an export does), a torch route no CTranslate2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hf_vanilla.inference.options import DecodingOptions, InferenceModelArguments
+from hf_vanilla.inference.translation import translate
+
+#: Route name → (backend folder kind, ``hf-vanilla-translate`` arguments beyond the folder).
+ROUTES: dict[str, tuple[str, list[str]]] = {
+    "fp32": ("hf", []),
+    "bf16": ("hf", ["--dtype", "bfloat16"]),
+    "int8": ("hf", ["--quantization", "dynamic-int8"]),
+    "ct2-fp32": ("ct2-float32", []),
+    "ct2-int8": ("ct2-int8", []),
+    "onnx": ("onnx", []),
+    # transformers' own beam-search loop, which goes on computing finished sentences (generate only)
+    "fp32-keep": ("hf", []),
+    "int8-keep": ("hf", ["--quantization", "dynamic-int8"]),
+}
+#: Routes without a command of their own.
+GENERATE_ONLY = ("onnx", "fp32-keep", "int8-keep")
+#: Decoding name → options. CTranslate2 runs ``beam4`` (its own stopping rule) and ``greedy``.
+DECODINGS = {
+    "never": DecodingOptions(num_beams=4, early_stopping="never"),
+    "true": DecodingOptions(num_beams=4, early_stopping="true"),
+    "beam4": DecodingOptions(num_beams=4),
+    "greedy": DecodingOptions(num_beams=1),
+}
+HF_DECODINGS = ("never", "true", "greedy")
+CT2_DECODINGS = ("beam4", "greedy")
+
+
+def load_route(route: str, folder: Path, model_dir: Path, threads: int) -> tuple[Any, Any]:
+    """The model and tokenizer a route decodes with, loaded as ``hf-vanilla-translate`` loads them."""
+    kind, cli_args = ROUTES[route]
+    if kind == "onnx":
+        from hf_vanilla.data.tokenization import load_tokenizer
+        from hf_vanilla.interop.onnx_generation import OnnxVanillaTransformerForConditionalGeneration
+
+        model = OnnxVanillaTransformerForConditionalGeneration.from_pretrained(
+            folder, intra_op_threads=threads
+        )
+        return model, load_tokenizer(str(model_dir))
+    options = dict(zip(cli_args[::2], cli_args[1::2], strict=True))
+    if kind.startswith("ct2"):  # without torch, as hf-vanilla-translate loads an export
+        from hf_vanilla.inference.ctranslate2 import load_ctranslate2_and_tokenizer
+
+        return load_ctranslate2_and_tokenizer(InferenceModelArguments(str(folder), device="cpu"))
+    import torch
+
+    from hf_vanilla.inference.loading import load_model_and_tokenizer
+
+    torch.set_num_threads(threads)
+    args = InferenceModelArguments(
+        str(folder),
+        device="cpu",
+        dtype=options.get("--dtype", "auto"),
+        quantization=options.get("--quantization", "none"),
+    )
+    model, tokenizer = load_model_and_tokenizer(args)
+    if route.endswith("-keep"):
+        model.drop_finished_sentences = False
+    return model, tokenizer
+
+
+def main() -> None:
+    """``real_text_worker.py ROUTE FOLDER MODEL_DIR THREADS``: load the route, then time each request
+    (a JSON line: sentences, decoding, batch size) and answer with a JSON line (seconds, translations).
+    Answers go to the process's stdout, anything else the libraries print to stderr."""
+    route, folder, model_dir, threads = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+    answers, sys.stdout = sys.stdout, sys.stderr
+    model, tokenizer = load_route(route, folder, model_dir, threads)
+    answers.write(json.dumps({"ready": True}) + "\n")
+    answers.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        decoding = DECODINGS[request["decoding"]]
+        start = time.perf_counter()
+        out = translate(model, tokenizer, request["sentences"], decoding, request["batch"], "cpu")
+        seconds = time.perf_counter() - start
+        answers.write(json.dumps({"seconds": seconds, "hypotheses": list(out)}) + "\n")
+        answers.flush()
+
+
+if __name__ == "__main__":
+    main()
