@@ -52,7 +52,6 @@ def load_route(route: str, folder: Path, model_dir: Path, threads: int) -> tuple
             folder, intra_op_threads=threads
         )
         return model, load_tokenizer(str(model_dir))
-    options = dict(zip(cli_args[::2], cli_args[1::2], strict=True))
     if kind.startswith("ct2"):  # without torch, as hf-vanilla-translate loads an export
         from hf_vanilla.inference.ctranslate2 import load_ctranslate2_and_tokenizer
 
@@ -62,6 +61,7 @@ def load_route(route: str, folder: Path, model_dir: Path, threads: int) -> tuple
     from hf_vanilla.inference.loading import load_model_and_tokenizer
 
     torch.set_num_threads(threads)
+    options = dict(zip(cli_args[::2], cli_args[1::2], strict=True))
     args = InferenceModelArguments(
         str(folder),
         device="cpu",
