@@ -64,6 +64,34 @@ def test_same_sequences_fewer_rows(seed: int, early_stopping: bool | str) -> Non
     assert fast_rows < reference_rows  # finished sentences were not computed
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"no_repeat_ngram_size": 2},  # processors that read every hypothesis's tokens
+        {"repetition_penalty": 1.5, "min_new_tokens": 3},
+        {"eos_token_id": [2, 5]},  # more continuations kept per step (3 × beams)
+        {"max_new_tokens": 4},  # every hypothesis stops at the cap
+        {"decoder_input_ids": torch.tensor([[1, 7]] * 12)},  # a longer decoder prompt
+        {"num_beams": 2, "length_penalty": 0.0},
+    ],
+    ids=["no-repeat-ngram", "repetition-min-new", "two-eos", "max-new-tokens", "prompt", "beams-2"],
+)
+def test_same_sequences_as_transformers_loop_with_options(options: dict[str, object]) -> None:
+    """Every row-wise option the fast search accepts gives the sequences of transformers' loop."""
+    model = ending_model(2)
+    kwargs = {**sources(2), "num_beams": 4, "early_stopping": "never", **options}
+    fast, fast_rows = generate(model, True, **kwargs)
+    reference, reference_rows = generate(model, False, **kwargs)
+    assert torch.equal(fast, reference)
+    assert fast_rows <= reference_rows
+
+
+def test_one_sentence_same_sequences() -> None:
+    model = ending_model(0)
+    kwargs = {**sources(0, sentences=1), "num_beams": 4}
+    assert torch.equal(generate(model, True, **kwargs)[0], generate(model, False, **kwargs)[0])
+
+
 def test_same_nbest_lists() -> None:
     """The n best of each sentence are the same; only hypotheses with exactly equal scores may come
     in another order (transformers' loop sorts a final list again at every later step)."""
