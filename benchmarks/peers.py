@@ -6,9 +6,12 @@ a word-level tokenizer, exported with the project's own CTranslate2 exporter (fl
 loaded through each route of :mod:`hf_vanilla.inference.quantization`. Every engine decodes the same random
 sources (``--source_length`` tokens + ``</s>``) for exactly ``--new_tokens`` tokens (``</s>`` has a
 zero embedding row, so random weights never end a hypothesis and every engine does the same work), with ``--threads`` threads for torch and CTranslate2.
-Cases: greedy and beam 4 at batch 1 and ``--batch_size``. Engines run round-robin (A B C … A B C …)
-after a warm-up; a cell is the median ms per decoding step with the min–max, and each ratio is the
-median of per-round ratios against CTranslate2 int8 (> 1: faster than CTranslate2 int8).
+Cases: greedy and beam 4 at batch 1 and ``--batch_size``. Each engine runs in a worker process of its own
+(``peers_worker.py``: a CTranslate2 worker imports no torch; engines in one process slow each other,
+see :mod:`engine_process`) and times its calls itself. Engines run round-robin (A B C … A B C …) after a
+warm-up, with a pause of ``--settle`` seconds before each call (the last engine's spinning threads wind
+down); a cell is the median ms per decoding step with the min–max, and each ratio is the median of
+per-round ratios against CTranslate2 int8 (> 1: faster than CTranslate2 int8).
 
 The memory-bandwidth floor of greedy batch 1 is measured in the same run: the bytes of weights one
 cached decoding step reads (decoder without the cross-attention K/V projections, plus the output
@@ -23,31 +26,22 @@ fp32 engines; for int8 engines a quarter of the projection bytes is shown beside
 
 from __future__ import annotations
 
-import copy
 import json
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ctranslate2
 import torch
-from bench_timing import interleave, machine_description, read_bandwidth
-from bench_workloads import (
-    EOS,
-    build_configs,
-    build_ours,
-    decode_step_weight_bytes,
-    generation_config,
-    make_generate,
-)
+from bench_timing import load_average, machine_description, read_bandwidth
+from bench_workloads import EOS, build_configs, build_ours, decode_step_weight_bytes
+from engine_process import EngineProcess
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import AutoModelForSeq2SeqLM, HfArgumentParser, PreTrainedTokenizerFast
+from transformers import HfArgumentParser, PreTrainedTokenizerFast
 
-from hf_vanilla.inference.quantization import from_pretrained_kwargs, quantize_loaded
 from hf_vanilla.interop.export_ctranslate2 import export_ctranslate2
 
 #: The engines, in the order they run in each round.
@@ -65,6 +59,7 @@ class PeerArguments:
     new_tokens: int = field(default=32, metadata={"help": "Tokens decoded per sentence (forced)."})
     repeats: int = field(default=3, metadata={"help": "Timed rounds per case."})
     warmup: int = field(default=1, metadata={"help": "Untimed rounds per case."})
+    settle: float = field(default=0.5, metadata={"help": "Seconds of pause before each timed call."})
     routes: str = field(
         default=",".join(HF_ROUTES),
         metadata={"help": "hf_vanilla routes (hf_vanilla.inference.quantization)."},
@@ -84,65 +79,33 @@ def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     )
 
 
-def folder_megabytes(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
-
-
-def build_engines(
-    folder: Path, model: torch.nn.Module, args: PeerArguments
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """The loaded engines by name, and their weights' size on disk in MB."""
-    engines: dict[str, Any] = {}
-    sizes: dict[str, float] = {}
-    for route in [r.strip() for r in args.routes.split(",") if r.strip()]:
-        name = f"hf {route}"
-        if route == "none":
-            engines[name] = model
-            sizes[name] = folder_megabytes(folder / "hf")
-        elif route == "dynamic-int8":
-            engines[name] = quantize_loaded(copy.deepcopy(model), route)
-            saved = folder / "dynamic-int8.pt"
-            torch.save(engines[name].state_dict(), saved)
-            sizes[name] = saved.stat().st_size / 2**20
-        else:
-            engines[name] = AutoModelForSeq2SeqLM.from_pretrained(
-                folder / "hf", **from_pretrained_kwargs(route)
-            )
-            engines[name].eval().save_pretrained(folder / route)
-            sizes[name] = folder_megabytes(folder / route)
+def start_engines(folder: Path, args: PeerArguments) -> dict[str, EngineProcess]:
+    """One worker per engine, in the order they run in each round; ``FOLDER/hf`` holds the model."""
     for compute_type in CT2_TYPES:
-        name = f"ct2 {compute_type}"
-        target = folder / f"ct2-{compute_type}"
-        export_ctranslate2(
-            folder / "hf", target, quantization=None if compute_type == "float32" else compute_type
+        quantization = None if compute_type == "float32" else compute_type
+        export_ctranslate2(folder / "hf", folder / f"ct2-{compute_type}", quantization=quantization)
+    names = [f"hf {route.strip()}" for route in args.routes.split(",") if route.strip()]
+    names += [f"ct2 {compute_type}" for compute_type in CT2_TYPES]
+    worker = str(Path(__file__).with_name("peers_worker.py"))
+    return {
+        name: EngineProcess(
+            [sys.executable, worker, name, str(folder), str(args.threads)], args.threads, name
         )
-        engines[name] = ctranslate2.Translator(
-            str(target), device="cpu", compute_type=compute_type, intra_threads=args.threads, inter_threads=1
-        )
-        sizes[name] = folder_megabytes(target)
-    return engines, sizes
+        for name in names
+    }
 
 
-def make_call(
-    engine: Any, ids: torch.Tensor, tokens: list[list[str]], beams: int, new_tokens: int
-) -> Callable[[], object]:
-    """One decoding of the batch; every engine must return exactly ``new_tokens`` tokens per sentence
-    (:func:`~bench_workloads.build_ours` weights never end a hypothesis)."""
-    if not isinstance(engine, ctranslate2.Translator):
-        return make_generate(engine, ids, generation_config(beams, new_tokens), new_tokens)
-
-    def run() -> object:
-        results = engine.translate_batch(
-            tokens, beam_size=beams, max_batch_size=len(tokens), max_decoding_length=new_tokens
-        )
-        lengths = {len(result.hypotheses[0]) for result in results}
-        if lengths != {new_tokens}:
-            raise RuntimeError(
-                f"Expected {new_tokens} tokens from CTranslate2, got lengths {sorted(lengths)}."
-            )
-        return results
-
-    return run
+def time_rounds(engines: dict[str, EngineProcess], args: PeerArguments) -> dict[str, list[float]]:
+    """Seconds of each engine's call (timed in its worker), ``args.repeats`` rounds A B C … after
+    ``args.warmup`` untimed ones."""
+    seconds: dict[str, list[float]] = {name: [] for name in engines}
+    for round_index in range(args.warmup + args.repeats):
+        for name, engine in engines.items():
+            time.sleep(args.settle)
+            answer = engine.request({"time": True})
+            if round_index >= args.warmup:
+                seconds[name].append(answer["seconds"])
+    return seconds
 
 
 def run(args: PeerArguments) -> dict[str, Any]:
@@ -154,34 +117,47 @@ def run(args: PeerArguments) -> dict[str, Any]:
     bandwidths = [read_bandwidth()]  # sampled again after every case: the best is the machine's
     config, _ = build_configs(args.size)
     model = build_ours(config, args.seed).eval()
-    with tempfile.TemporaryDirectory(
-        prefix="hf-vanilla-peers-"
-    ) as tmp:  # ~1 GB; the engines keep what they load
+    generator = torch.Generator().manual_seed(args.seed + 2)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hf-vanilla-peers-") as tmp:  # ~1 GB at base size
         folder = Path(tmp)
         model.save_pretrained(folder / "hf")
         word_tokenizer(config.vocab_size).save_pretrained(folder / "hf")
-        engines, sizes = build_engines(folder, model, args)
-
-    generator = torch.Generator().manual_seed(args.seed + 2)
-    rows = []
-    for batch, beams in ((1, 1), (1, 4), (args.batch_size, 1), (args.batch_size, 4)):
-        words = torch.randint(4, config.vocab_size, (batch, args.source_length), generator=generator)
-        ids = torch.cat([words, torch.full((batch, 1), EOS)], dim=1)
-        tokens = [[f"w{int(i)}" for i in row] + ["</s>"] for row in words]
-        calls = {name: make_call(e, ids, tokens, beams, args.new_tokens) for name, e in engines.items()}
-        timings = interleave(calls, args.warmup, args.repeats)
-        case = f"{'greedy' if beams == 1 else f'beam {beams}'}, batch {batch}"
-        row: dict[str, Any] = {"case": case, "ms_per_step": {}, "range": {}, "vs_ct2_int8": {}}
-        for name, timing in timings.items():
-            per_step = [s * 1e3 / args.new_tokens for s in timing.seconds]
-            row["ms_per_step"][name] = statistics.median(per_step)
-            row["range"][name] = [min(per_step), max(per_step)]
-            if REFERENCE in timings:
-                ratios = [r / s for s, r in zip(timing.seconds, timings[REFERENCE].seconds, strict=True)]
-                row["vs_ct2_int8"][name] = statistics.median(ratios)
-        rows.append(row)
-        bandwidths.append(read_bandwidth())
-        print(f"# {case}: " + ", ".join(f"{n} {v:.1f}" for n, v in row["ms_per_step"].items()), flush=True)
+        engines = start_engines(folder, args)
+        try:
+            sizes = {name: engine.ready["size_mb"] for name, engine in engines.items()}
+            for batch, beams in ((1, 1), (1, 4), (args.batch_size, 1), (args.batch_size, 4)):
+                words = torch.randint(4, config.vocab_size, (batch, args.source_length), generator=generator)
+                ids = torch.cat([words, torch.full((batch, 1), EOS)], dim=1)
+                case = {
+                    "ids": ids.tolist(),
+                    "tokens": [[f"w{int(i)}" for i in row] + ["</s>"] for row in words],
+                    "beams": beams,
+                    "new_tokens": args.new_tokens,
+                }
+                for engine in engines.values():
+                    engine.request(case)
+                load = load_average()
+                seconds = time_rounds(engines, args)
+                name = f"{'greedy' if beams == 1 else f'beam {beams}'}, batch {batch}"
+                row: dict[str, Any] = {"case": name, "ms_per_step": {}, "range": {}, "vs_ct2_int8": {}}
+                row["load"] = [load, load_average()]
+                for engine_name, timing in seconds.items():
+                    per_step = [s * 1e3 / args.new_tokens for s in timing]
+                    row["ms_per_step"][engine_name] = statistics.median(per_step)
+                    row["range"][engine_name] = [min(per_step), max(per_step)]
+                    if REFERENCE in seconds:
+                        ratios = [r / s for s, r in zip(timing, seconds[REFERENCE], strict=True)]
+                        row["vs_ct2_int8"][engine_name] = statistics.median(ratios)
+                rows.append(row)
+                bandwidths.append(read_bandwidth())
+                print(
+                    f"# {name}: " + ", ".join(f"{n} {v:.1f}" for n, v in row["ms_per_step"].items()),
+                    flush=True,
+                )
+        finally:
+            for engine in engines.values():
+                engine.close()
 
     bandwidth = max(bandwidths)
     fp32_bytes = decode_step_weight_bytes(model)
@@ -203,7 +179,7 @@ def run(args: PeerArguments) -> dict[str, Any]:
         "size_mb": sizes,
         "rows": rows,
     }
-    names = list(engines)
+    names = list(sizes)
     print(
         f"\nms per decoding step, median [min–max] of {args.repeats} rounds; (ratio: CTranslate2 int8 time ÷ time)"
     )

@@ -56,6 +56,7 @@ from typing import Any
 import sacrebleu
 import torch
 from bench_timing import load_average, machine_description
+from engine_process import EngineProcess
 from real_text_worker import CT2_DECODINGS, DECODINGS, GENERATE_ONLY, HF_DECODINGS, ROUTES
 
 from hf_vanilla.inference.loading import load_model_and_tokenizer
@@ -127,42 +128,18 @@ def bleu(hypotheses: list[str], references: list[str]) -> float:
     return sacrebleu.corpus_bleu(hypotheses, [references[: len(hypotheses)]]).score
 
 
-class Worker:
+class Worker(EngineProcess):
     """A process that loads one generate-mode route (``real_text_worker.py``) and times
-    :func:`~hf_vanilla.inference.translation.translate` calls sent to it as JSON lines: one engine
-    per process."""
+    :func:`~hf_vanilla.inference.translation.translate` calls sent to it: one engine per process."""
 
     def __init__(self, route: str, folder: Path, model_dir: Path, threads: int) -> None:
         worker = Path(__file__).with_name("real_text_worker.py")
         command = [sys.executable, str(worker), route, str(folder), str(model_dir), str(threads)]
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
-        )
-        if self._read() != {"ready": True}:
-            raise RuntimeError(f"the {route} worker did not start")
-
-    def _read(self) -> dict[str, Any]:
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"worker exited with {self.process.wait()}")
-        return json.loads(line)
+        super().__init__(command, threads, route)
 
     def translate(self, sentences: list[str], decoding: str, batch_size: int) -> tuple[float, list[str]]:
-        assert self.process.stdin is not None
-        self.process.stdin.write(
-            json.dumps({"sentences": sentences, "decoding": decoding, "batch": batch_size})
-        )
-        self.process.stdin.write("\n")
-        self.process.stdin.flush()
-        answer = self._read()
+        answer = self.request({"sentences": sentences, "decoding": decoding, "batch": batch_size})
         return answer["seconds"], answer["hypotheses"]
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        self.process.wait()
 
 
 def run_case(

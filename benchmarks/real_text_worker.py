@@ -7,11 +7,13 @@ route decodes in a worker that imports only its engine: a CTranslate2 route impo
 
 from __future__ import annotations
 
-import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from engine_process import Message, serve
 
 from hf_vanilla.inference.options import DecodingOptions, InferenceModelArguments
 from hf_vanilla.inference.translation import translate
@@ -76,21 +78,21 @@ def load_route(route: str, folder: Path, model_dir: Path, threads: int) -> tuple
 
 def main() -> None:
     """``real_text_worker.py ROUTE FOLDER MODEL_DIR THREADS``: load the route, then time each request
-    (a JSON line: sentences, decoding, batch size) and answer with a JSON line (seconds, translations).
-    Answers go to the process's stdout, anything else the libraries print to stderr."""
+    (sentences, decoding, batch size) and answer with the seconds and the translations."""
     route, folder, model_dir, threads = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
-    answers, sys.stdout = sys.stdout, sys.stderr
-    model, tokenizer = load_route(route, folder, model_dir, threads)
-    answers.write(json.dumps({"ready": True}) + "\n")
-    answers.flush()
-    for line in sys.stdin:
-        request = json.loads(line)
-        decoding = DECODINGS[request["decoding"]]
-        start = time.perf_counter()
-        out = translate(model, tokenizer, request["sentences"], decoding, request["batch"], "cpu")
-        seconds = time.perf_counter() - start
-        answers.write(json.dumps({"seconds": seconds, "hypotheses": list(out)}) + "\n")
-        answers.flush()
+
+    def load() -> tuple[Callable[[Message], Message], Message]:
+        model, tokenizer = load_route(route, folder, model_dir, threads)
+
+        def handle(request: Message) -> Message:
+            decoding = DECODINGS[request["decoding"]]
+            start = time.perf_counter()
+            out = translate(model, tokenizer, request["sentences"], decoding, request["batch"], "cpu")
+            return {"seconds": time.perf_counter() - start, "hypotheses": list(out)}
+
+        return handle, {"ready": True}
+
+    serve(load)
 
 
 if __name__ == "__main__":
