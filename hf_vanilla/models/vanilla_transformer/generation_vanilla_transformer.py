@@ -14,7 +14,7 @@ import math
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
-from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import logits_process, stopping_criteria
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.utils import ModelOutput
@@ -163,6 +163,30 @@ def _keep_cross_attention(
             layer.values = _keep(layer.values, sentences, rows, active, beams)
 
 
+def _drop_rows(
+    model_kwargs: dict[str, object],
+    logits_processor: LogitsProcessorList,
+    kept: torch.Tensor,
+    rows: torch.Tensor,
+    self_attention_index: torch.Tensor,
+    active: int,
+    beams: int,
+) -> None:
+    """Go on decoding only the ``kept`` sentences (indices into the ``active`` ones; ``rows``: their
+    hypotheses' rows): one gather both reorders the self-attention cache by ``self_attention_index``
+    (rows before dropping) and drops the others; the cross-attention entries, the encoder output, the
+    source mask and the length bound keep the kept sentences' rows."""
+    cache = model_kwargs["cache"]
+    reorder_self_attention_cache(cache.self_attention_cache, self_attention_index)
+    _keep_cross_attention(cache, kept, rows, active, beams)
+    for key in ("attention_mask", "encoder_outputs"):
+        if model_kwargs.get(key) is not None:
+            model_kwargs[key] = _keep(model_kwargs[key], kept, rows, active, beams)
+    for processor in logits_processor:
+        if isinstance(processor, _SourceLengthBound):
+            processor.keep(kept)
+
+
 def _search_over(
     unsatisfied: torch.Tensor, is_sent_finished: torch.Tensor, early_stopping: bool | str
 ) -> torch.Tensor:
@@ -296,9 +320,8 @@ def _beam_search_dropping_finished(
         over = _search_over(unsatisfied, is_sent_finished, early_stopping)
         if not going_on or bool(over.all()):
             break
-        cache = model_kwargs["cache"]
         if not bool(over.any()):
-            model_kwargs["cache"] = model._reorder_cache(cache, beam_idx)
+            model_kwargs["cache"] = model._reorder_cache(model_kwargs["cache"], beam_idx)
             continue
         # Those sentences' lists are final: write them out and go on with the others only.
         final_sequences[open_[over]] = sequences[over]
@@ -312,16 +335,9 @@ def _beam_search_dropping_finished(
         beam_indices, is_sent_finished, unsatisfied = (
             tensor.index_select(0, kept) for tensor in (beam_indices, is_sent_finished, unsatisfied)
         )
-        # One gather both reorders the self-attention cache and drops the rows (beam_idx numbers the
-        # rows before dropping); the cross-attention entries never move between sentences.
-        reorder_self_attention_cache(cache.self_attention_cache, beam_idx.index_select(0, rows))
-        _keep_cross_attention(cache, kept, rows, active, beams)
-        for key in ("attention_mask", "encoder_outputs"):
-            if model_kwargs.get(key) is not None:
-                model_kwargs[key] = _keep(model_kwargs[key], kept, rows, active, beams)
-        for processor in logits_processor:
-            if isinstance(processor, _SourceLengthBound):
-                processor.keep(kept)
+        # beam_idx numbers the rows before dropping; the cross-attention entries never move between
+        # sentences.
+        _drop_rows(model_kwargs, logits_processor, kept, rows, beam_idx.index_select(0, rows), active, beams)
         open_ = open_[kept]
 
     final_sequences[open_] = sequences
@@ -331,6 +347,58 @@ def _beam_search_dropping_finished(
     beam_indices = model._flatten_beam_dim(final_beam_indices[:, :returned, :])
     max_generated_length = ((beam_indices + 1).bool()).sum(dim=1).max()
     return sequences[:, : decoder_prompt_len + max_generated_length]
+
+
+def _greedy_search_dropping_finished(
+    model: GenerationMixin,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    **model_kwargs: object,
+) -> torch.Tensor:
+    """``GenerationMixin._sample`` for greedy search (deterministic, sequences only) that stops decoding
+    a sentence as soon as it has ended: its row leaves the batch, the cache and the encoder output, and
+    its tokens wait in the output, followed by the padding transformers' loop writes after ``</s>``
+    while it computes that row on. The sentences still open see the same processors and criteria in
+    the same order, so every sentence gets the tokens transformers' loop returns."""
+    pad_token_id = generation_config._pad_token_tensor
+    batch_size, device = input_ids.shape[0], input_ids.device
+    open_ = torch.arange(batch_size, device=device)  # the sentences still decoded, by place in the batch
+    ended: list[tuple[torch.Tensor, torch.Tensor]] = []  # (places, tokens so far) of sentences over
+
+    model_outputs = model._prefill(input_ids, generation_config, model_kwargs)
+    while True:
+        if model_outputs is None:
+            model_inputs = model.prepare_inputs_for_generation(
+                input_ids, next_sequence_length=1, **model_kwargs
+            )
+            model_outputs = model(**model_inputs, return_dict=True)
+        model_kwargs = model._update_model_kwargs_for_generation(
+            model_outputs, model_kwargs, is_encoder_decoder=True
+        )
+        logits = model_outputs.logits[:, -1, :].to(dtype=torch.float32, device=device)
+        model_outputs = None
+        next_tokens = torch.argmax(logits_processor(input_ids, logits), dim=-1)
+        input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
+        over = stopping_criteria(input_ids, None)  # (active,)
+        if bool(over.all()):
+            break
+        if not bool(over.any()):
+            continue
+        ended.append((open_[over], input_ids[over]))
+        kept = (~over).nonzero().squeeze(1)
+        _drop_rows(model_kwargs, logits_processor, kept, kept, kept, open_.shape[0], 1)
+        input_ids, open_ = input_ids.index_select(0, kept), open_[kept]
+
+    if not ended:
+        return input_ids
+    # Sentences end apart only at </s>, and then transformers has set a padding token (</s> at worst).
+    fill = pad_token_id if pad_token_id is not None else generation_config._eos_token_tensor[0]
+    sequences = input_ids.new_full((batch_size, input_ids.shape[1]), int(fill))
+    for places, tokens in (*ended, (open_, input_ids)):
+        sequences[places, : tokens.shape[1]] = tokens
+    return sequences
 
 
 class VanillaTransformerGenerationMixin(GenerationMixin):
@@ -350,9 +418,10 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         # drops keys it does not know from a config marked as derived from the model config).
         self.generation_config._from_model_config = False
 
-    #: Beam search stops decoding each sentence once its n-best list is final (see
-    #: ``_beam_search_dropping_finished``); ``False`` runs transformers' own loop, which returns the
-    #: same sequences and goes on computing those rows. ``HF_VANILLA_FAST_PATHS=0`` also turns it off.
+    #: Beam search stops decoding each sentence once its n-best list is final, greedy search once the
+    #: sentence has ended (see ``_beam_search_dropping_finished``, ``_greedy_search_dropping_finished``);
+    #: ``False`` runs transformers' own loops, which return the same sequences and go on computing
+    #: those rows. ``HF_VANILLA_FAST_PATHS=0`` also turns it off.
     drop_finished_sentences: bool = True
 
     def _drops_finished_sentences(
@@ -363,8 +432,9 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         synced_gpus: bool,
         model_kwargs: dict[str, object],
     ) -> bool:
-        """Whether this beam search may drop finished sentences: deterministic, returning sequences
-        only (no scores, cache or attentions), a fresh cache, and only row-wise processors and inputs."""
+        """Whether this beam or greedy search may drop finished sentences: deterministic, returning
+        sequences only (no scores, cache or attentions), a fresh cache, and only row-wise processors
+        and inputs."""
         cache = model_kwargs.get("cache")
         return (
             self.drop_finished_sentences
@@ -398,6 +468,41 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             )
         return super()._beam_search(
             input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
+        )
+
+    def _sample(
+        self,
+        input_ids: torch.Tensor,
+        logits_processor: LogitsProcessorList,
+        stopping_criteria: StoppingCriteriaList,
+        generation_config: GenerationConfig,
+        synced_gpus: bool = False,
+        streamer: object | None = None,
+        **model_kwargs: object,
+    ) -> object:
+        """transformers' greedy search and sampling, or greedy search without the rows of sentences
+        that have ended where :meth:`_drops_finished_sentences` allows it, nothing streams the tokens
+        and the cache is dynamic (a static one is transformers' compiled loop): same sequences."""
+        cache = model_kwargs.get("cache")
+        if (
+            streamer is None
+            and isinstance(cache, EncoderDecoderCache)
+            and type(cache.self_attention_cache) is DynamicCache
+            and self._drops_finished_sentences(
+                logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
+            )
+        ):
+            return _greedy_search_dropping_finished(
+                self, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
+            )
+        return super()._sample(
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            synced_gpus,
+            streamer,
+            **model_kwargs,
         )
 
     def _expand_inputs_for_generation(

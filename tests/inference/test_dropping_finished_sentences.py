@@ -1,4 +1,5 @@
-"""Beam search that stops decoding finished sentences (issue 27) returns transformers' own sequences."""
+"""Beam and greedy search that stop decoding finished sentences (issue 27) return transformers' own
+sequences."""
 
 from __future__ import annotations
 
@@ -113,3 +114,78 @@ def test_scores_keep_transformers_loop() -> None:
     fast, rows = generate(model, True, **kwargs)
     assert torch.equal(fast.sequences, reference.sequences)
     assert rows == generate(model, False, **kwargs)[1]
+
+
+# Greedy search drops a sentence as soon as it has ended.
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3])
+def test_greedy_same_sequences_fewer_rows(seed: int) -> None:
+    model = ending_model(seed)
+    kwargs = {**sources(seed), "num_beams": 1}
+    reference, reference_rows = generate(model, False, **kwargs)
+    fast, fast_rows = generate(model, True, **kwargs)
+    assert torch.equal(fast, reference)
+    assert (reference == model.config.pad_token_id)[:, 1:].any()  # some sentences ended early
+    assert fast_rows < reference_rows
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"no_repeat_ngram_size": 2},
+        {"repetition_penalty": 1.5, "min_new_tokens": 3},
+        {"eos_token_id": [2, 5]},
+        {"max_new_tokens": 4},
+        {"decoder_input_ids": torch.tensor([[1, 7]] * 12)},
+        {"max_length_offset": 3},  # many sentences end at their own §6.1 bound
+    ],
+    ids=["no-repeat-ngram", "repetition-min-new", "two-eos", "max-new-tokens", "prompt", "bound"],
+)
+def test_greedy_same_sequences_as_transformers_loop_with_options(options: dict[str, object]) -> None:
+    model = ending_model(2)
+    kwargs = {**sources(2), "num_beams": 1, **options}
+    fast, fast_rows = generate(model, True, **kwargs)
+    reference, reference_rows = generate(model, False, **kwargs)
+    assert torch.equal(fast, reference)
+    assert fast_rows <= reference_rows
+
+
+def test_greedy_one_sentence_same_sequences() -> None:
+    model = ending_model(0)
+    kwargs = {**sources(0, sentences=1), "num_beams": 1}
+    assert torch.equal(generate(model, True, **kwargs)[0], generate(model, False, **kwargs)[0])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"output_scores": True, "return_dict_in_generate": True},  # scores for every row and step
+        {"streamer": "streamer"},  # every row's token at every step
+        {"cache_implementation": "static"},  # transformers' loop (compiled where it compiles)
+        {"do_sample": True, "top_k": 1},  # sampling
+    ],
+    ids=["scores", "streamer", "static-cache", "sampling"],
+)
+def test_greedy_keeps_transformers_loop(options: dict[str, object]) -> None:
+    """Where rows are returned, streamed, held in a static cache or sampled, greedy search keeps
+    transformers' loop: it computes every row to the end."""
+    model = ending_model(0)
+    tokens = []
+
+    class Streamer:
+        def put(self, value: torch.Tensor) -> None:
+            tokens.append(value)
+
+        def end(self) -> None:
+            pass
+
+    if "streamer" in options:
+        options = {"streamer": Streamer()}
+    kwargs = {**sources(0), "num_beams": 1, **options}
+    fast, fast_rows = generate(model, True, **kwargs)
+    reference, reference_rows = generate(model, False, **kwargs)
+    assert fast_rows == reference_rows
+    assert torch.equal(getattr(fast, "sequences", fast), getattr(reference, "sequences", reference))
+    if "streamer" in options:
+        assert all(step.shape[0] == kwargs["input_ids"].shape[0] for step in tokens[1:])
