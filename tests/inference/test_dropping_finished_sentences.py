@@ -65,31 +65,41 @@ def test_same_sequences_fewer_rows(seed: int, early_stopping: bool | str) -> Non
     assert fast_rows < reference_rows  # finished sentences were not computed
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"no_repeat_ngram_size": 2},  # processors that read every hypothesis's tokens
-        {"repetition_penalty": 1.5, "min_new_tokens": 3},
-        {"eos_token_id": [2, 5]},  # more continuations kept per step (3 × beams)
-        {"max_new_tokens": 4},  # every hypothesis stops at the cap
-        {"decoder_input_ids": torch.tensor([[1, 7]] * 12)},  # a longer decoder prompt
-        {"num_beams": 2, "length_penalty": 0.0},
-    ],
-    ids=["no-repeat-ngram", "repetition-min-new", "two-eos", "max-new-tokens", "prompt", "beams-2"],
-)
-def test_same_sequences_as_transformers_loop_with_options(options: dict[str, object]) -> None:
-    """Every row-wise option the fast search accepts gives the sequences of transformers' loop."""
+#: The searches that drop finished sentences.
+SEARCHES = {
+    "beam-4": {"num_beams": 4, "early_stopping": "never"},
+    "beam-2-alpha-0": {"num_beams": 2, "early_stopping": "never", "length_penalty": 0.0},
+    "greedy": {"num_beams": 1},
+}
+#: Row-wise options they accept, each to be compared with transformers' loop.
+ROW_WISE_OPTIONS = {
+    "no-repeat-ngram": {"no_repeat_ngram_size": 2},  # processors that read every hypothesis's tokens
+    "repetition-min-new": {"repetition_penalty": 1.5, "min_new_tokens": 3},
+    "two-eos": {"eos_token_id": [2, 5]},  # beam search keeps 3 × beams continuations per step
+    "max-new-tokens": {"max_new_tokens": 4},  # every hypothesis stops at the cap
+    "prompt": {"decoder_input_ids": torch.tensor([[1, 7]] * 12)},  # a longer decoder prompt
+    "bound": {"max_length_offset": 3},  # many sentences end at their own §6.1 bound
+}
+
+
+@pytest.mark.parametrize("options", ROW_WISE_OPTIONS.values(), ids=ROW_WISE_OPTIONS)
+@pytest.mark.parametrize("search", SEARCHES.values(), ids=SEARCHES)
+def test_same_sequences_as_transformers_loop_with_options(
+    search: dict[str, object], options: dict[str, object]
+) -> None:
+    """Every row-wise option the fast searches accept gives the sequences of transformers' loop."""
     model = ending_model(2)
-    kwargs = {**sources(2), "num_beams": 4, "early_stopping": "never", **options}
+    kwargs = {**sources(2), **search, **options}
     fast, fast_rows = generate(model, True, **kwargs)
     reference, reference_rows = generate(model, False, **kwargs)
     assert torch.equal(fast, reference)
     assert fast_rows <= reference_rows
 
 
-def test_one_sentence_same_sequences() -> None:
+@pytest.mark.parametrize("search", SEARCHES.values(), ids=SEARCHES)
+def test_one_sentence_same_sequences(search: dict[str, object]) -> None:
     model = ending_model(0)
-    kwargs = {**sources(0, sentences=1), "num_beams": 4}
+    kwargs = {**sources(0, sentences=1), **search}
     assert torch.equal(generate(model, True, **kwargs)[0], generate(model, False, **kwargs)[0])
 
 
@@ -128,33 +138,6 @@ def test_greedy_same_sequences_fewer_rows(seed: int) -> None:
     assert torch.equal(fast, reference)
     assert (reference == model.config.pad_token_id)[:, 1:].any()  # some sentences ended early
     assert fast_rows < reference_rows
-
-
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"no_repeat_ngram_size": 2},
-        {"repetition_penalty": 1.5, "min_new_tokens": 3},
-        {"eos_token_id": [2, 5]},
-        {"max_new_tokens": 4},
-        {"decoder_input_ids": torch.tensor([[1, 7]] * 12)},
-        {"max_length_offset": 3},  # many sentences end at their own §6.1 bound
-    ],
-    ids=["no-repeat-ngram", "repetition-min-new", "two-eos", "max-new-tokens", "prompt", "bound"],
-)
-def test_greedy_same_sequences_as_transformers_loop_with_options(options: dict[str, object]) -> None:
-    model = ending_model(2)
-    kwargs = {**sources(2), "num_beams": 1, **options}
-    fast, fast_rows = generate(model, True, **kwargs)
-    reference, reference_rows = generate(model, False, **kwargs)
-    assert torch.equal(fast, reference)
-    assert fast_rows <= reference_rows
-
-
-def test_greedy_one_sentence_same_sequences() -> None:
-    model = ending_model(0)
-    kwargs = {**sources(0, sentences=1), "num_beams": 1}
-    assert torch.equal(generate(model, True, **kwargs)[0], generate(model, False, **kwargs)[0])
 
 
 @pytest.mark.parametrize(

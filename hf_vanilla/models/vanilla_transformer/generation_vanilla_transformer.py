@@ -187,6 +187,27 @@ def _drop_rows(
             processor.keep(kept)
 
 
+def _next_token_logits(
+    model: GenerationMixin,
+    decoder_input_ids: torch.Tensor,
+    model_outputs: ModelOutput | None,
+    model_kwargs: dict[str, object],
+) -> tuple[torch.Tensor, dict[str, object]]:
+    """(rows, V) fp32 logits of the next token, from ``model_outputs`` (the prefill's) or else from one
+    cached decoder step over ``decoder_input_ids`` (rows, T); and ``model_kwargs`` with the step's cache."""
+    if model_outputs is None:
+        model_inputs = model.prepare_inputs_for_generation(
+            decoder_input_ids, next_sequence_length=1, **model_kwargs
+        )
+        model_outputs = model(**model_inputs, return_dict=True)
+    model_kwargs = model._update_model_kwargs_for_generation(
+        model_outputs, model_kwargs, is_encoder_decoder=True
+    )
+    # no copy (transformers copies to free the logits early: here nothing else keeps them)
+    logits = model_outputs.logits[:, -1, :].to(dtype=torch.float32, device=decoder_input_ids.device)
+    return logits, model_kwargs
+
+
 def _search_over(
     unsatisfied: torch.Tensor, is_sent_finished: torch.Tensor, early_stopping: bool | str
 ) -> torch.Tensor:
@@ -247,15 +268,7 @@ def _beam_search_dropping_finished(
     while True:
         if model_outputs is None:
             flat_running_sequences = model._flatten_beam_dim(running_sequences[:, :, :cur_len])
-            model_inputs = model.prepare_inputs_for_generation(
-                flat_running_sequences, next_sequence_length=1, **model_kwargs
-            )
-            model_outputs = model(**model_inputs, return_dict=True)
-        model_kwargs = model._update_model_kwargs_for_generation(
-            model_outputs, model_kwargs, is_encoder_decoder=True
-        )
-        # no copy (transformers copies to free the logits early: here nothing else keeps them)
-        logits = model_outputs.logits[:, -1, :].to(dtype=torch.float32, device=device)
+        logits, model_kwargs = _next_token_logits(model, flat_running_sequences, model_outputs, model_kwargs)
         model_outputs = None
         log_probs = logits_processor(flat_running_sequences, torch.nn.functional.log_softmax(logits, dim=-1))
         active = open_.shape[0]
@@ -369,15 +382,7 @@ def _greedy_search_dropping_finished(
 
     model_outputs = model._prefill(input_ids, generation_config, model_kwargs)
     while True:
-        if model_outputs is None:
-            model_inputs = model.prepare_inputs_for_generation(
-                input_ids, next_sequence_length=1, **model_kwargs
-            )
-            model_outputs = model(**model_inputs, return_dict=True)
-        model_kwargs = model._update_model_kwargs_for_generation(
-            model_outputs, model_kwargs, is_encoder_decoder=True
-        )
-        logits = model_outputs.logits[:, -1, :].to(dtype=torch.float32, device=device)
+        logits, model_kwargs = _next_token_logits(model, input_ids, model_outputs, model_kwargs)
         model_outputs = None
         next_tokens = torch.argmax(logits_processor(input_ids, logits), dim=-1)
         input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
