@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from bench_timing import load_average, machine_description, read_bandwidth
 from bench_workloads import EOS, build_configs, build_ours, decode_step_weight_bytes
-from engine_process import EngineProcess
+from engine_process import CT2_THREADS_HELP, EngineProcess, engine_threads
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import HfArgumentParser, PreTrainedTokenizerFast
 
@@ -56,9 +56,7 @@ class PeerArguments:
     threads: int = field(default=2, metadata={"help": "Threads for torch and CTranslate2 (intra-op)."})
     ct2_threads: int | None = field(
         default=None,
-        metadata={
-            "help": "CTranslate2's threads, when not --threads (on a 2-core VM its int8 is faster on 1)."
-        },
+        metadata={"help": CT2_THREADS_HELP},
     )
     batch_size: int = field(default=32, metadata={"help": "Sentences of the large-batch cases."})
     source_length: int = field(default=32, metadata={"help": "Source tokens per sentence (+ </s>)."})
@@ -93,10 +91,7 @@ def start_engines(folder: Path, args: PeerArguments) -> dict[str, EngineProcess]
     names = [f"hf {route.strip()}" for route in args.routes.split(",") if route.strip()]
     names += [f"ct2 {compute_type}" for compute_type in CT2_TYPES]
     worker = str(Path(__file__).with_name("peers_worker.py"))
-    threads = {
-        name: args.ct2_threads if name.startswith("ct2") and args.ct2_threads else args.threads
-        for name in names
-    }
+    threads = {name: engine_threads(name, args.threads, args.ct2_threads) for name in names}
     return {
         name: EngineProcess(
             [sys.executable, worker, name, str(folder), str(threads[name])], threads[name], name

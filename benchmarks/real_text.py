@@ -57,7 +57,7 @@ from typing import Any
 import sacrebleu
 import torch
 from bench_timing import load_average, machine_description
-from engine_process import EngineProcess
+from engine_process import CT2_THREADS_HELP, EngineProcess, engine_threads
 from real_text_worker import CT2_DECODINGS, DECODINGS, GENERATE_ONLY, HF_DECODINGS, ROUTES
 
 from hf_vanilla.inference.loading import load_model_and_tokenizer
@@ -188,12 +188,6 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
     return cases
 
 
-def threads_of(route: str, args: argparse.Namespace) -> int:
-    """The threads a route decodes with: ``--ct2_threads`` for CTranslate2 (its ``intra_threads``, read
-    from ``OMP_NUM_THREADS``), ``--threads`` for the others."""
-    return args.ct2_threads if route.startswith("ct2") and args.ct2_threads else args.threads
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     model_dir, work_dir = Path(args.model_dir), Path(args.work_dir)
@@ -209,7 +203,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for case in cases
     }  # fmt: skip
     workers = {
-        route: Worker(route, folders[ROUTES[route][0]], model_dir, threads_of(route, args))
+        route: Worker(
+            route, folders[ROUTES[route][0]], model_dir, engine_threads(route, args.threads, args.ct2_threads)
+        )
         for route in routes
         if any(case.mode == "generate" and case.route == route for case in cases)
     }
@@ -221,7 +217,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(args.settle)  # the last engine's spinning threads wind down
             load = load_average()
             seconds, hypotheses = run_case(
-                case, inputs[case], workers, folders, work_dir, threads_of(case.route, args)
+                case,
+                inputs[case],
+                workers,
+                folders,
+                work_dir,
+                engine_threads(case.route, args.threads, args.ct2_threads),
             )
             words = sum(len(line.split()) for line in inputs[case])
             record = {
@@ -283,7 +284,7 @@ def main() -> None:
         "--ct2_threads",
         type=int,
         default=None,
-        help="CTranslate2's threads, when not --threads (on a 2-core VM its int8 runs 2-8x faster on 1).",
+        help=CT2_THREADS_HELP,
     )
     parser.add_argument("--settle", type=float, default=0.5, help="Seconds of pause before each case.")
     parser.add_argument("--json_out", help="Write every run here as JSON.")
