@@ -80,6 +80,28 @@ def test_onnx_generate_benchmark_times_equal_outputs_in_every_case(tmp_path: Pat
     assert report["machine"]["cpu"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("beams", [1, 4])
+def test_compiled_step_decodes_as_generate_and_its_eager_self(tmp_path: Path, beams: int) -> None:
+    """The measuring step of compiled_step.py is the model's decoder: greedy, it picks generate()'s
+    tokens (eager and compiled); with beams, compiled and eager pick the same tokens; the int8 step
+    (PT2E, needs torchao) runs and reports how many of its tokens are fp32's."""
+    pytest.importorskip("torchao", reason="the int8 step needs the `quant` extra: pip install -e '.[quant]'")
+    report = _run(
+        "compiled_step.py",
+        tmp_path,
+        *("--size", "tiny", "--batch_size", "2", "--beams", str(beams)),
+        *("--new_tokens", "4", "--source_length", "5", "--repeats", "1", "--warmup", "0"),
+    )
+    rows = report["rows"]
+    assert set(rows) == {"generate", "step", "compiled", "compiled-int8"}
+    compared = {mode for mode, row in rows.items() if row["tokens_equal_first_mode"] is not None}
+    assert compared == ({"generate", "step", "compiled"} if beams == 1 else {"step", "compiled"})
+    assert all(rows[mode]["tokens_equal_first_mode"] for mode in compared)
+    assert all(row["ms_per_step"] > 0 for row in rows.values())
+    assert 0 <= rows["compiled-int8"]["token_agreement"] <= 1
+
+
 def _real_text_inputs(tmp_path: Path) -> tuple[Path, Path]:
     """A tiny model folder with its tokenizer, and a data folder with ``val.{de,en}.gz`` of 12 lines."""
     model_dir, data_dir = tmp_path / "model", tmp_path / "data"
