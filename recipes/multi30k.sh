@@ -18,7 +18,8 @@
 #      every SAVE_STEPS (60) steps. The schedule does not depend on max_steps, so the run is stopped
 #      by the clock (`timeout`) instead of a step count: how many steps fit depends on the load.
 #      Measured: 3,036 steps (12.8 epochs) in 50 minutes on a 2-core AMD EPYC with AVX-512 (run 3);
-#      2,422 steps (10.2 epochs) on a 2-core AMD EPYC with AVX2 (run 2).
+#      2,422 steps (10.2 epochs) on a 2-core AMD EPYC with AVX2 (run 2); 5,635 steps (23.8 epochs)
+#      in 40 minutes on a 2-core Intel Xeon with AMX (run 5, BLEU 40.23).
 #   3. average the last LAST_N (5) complete checkpoints by step number (§6.1; the last 240 steps,
 #      ~1 epoch) (~10 s): `average_checkpoints.py --run_dir OUT_DIR/train --last_n 5` picks them (the
 #      package's one "last N by step", not the shell's), prints them ("averaged: ..." here and in
