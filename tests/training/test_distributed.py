@@ -152,7 +152,10 @@ def test_accelerate_launch_cpu_flag_with_two_processes_is_refused(
     """``--cpu --num_processes 2`` starts one process (accelerate 1.15); the script refuses it."""
     run = Run(tmp_path, "accelerate-cpu", train_args(tokenizer_dir, tmp_path / "out", "--max_steps", "1"))
     run.refused("started only this one")
-    assert sum(line.startswith("error: ") for line in run.log.splitlines()) == 1
+    # One error of ours: accelerate ≥ 1.16 repeats the child's stderr in its own CalledProcessError, so the
+    # same line may appear twice in the log, but never a second message.
+    errors = {line for line in run.log.splitlines() if line.startswith("error: ")}
+    assert len(errors) == 1, errors
 
 
 @pytest.mark.slow

@@ -107,13 +107,14 @@ def test_every_layer_is_sharded_and_the_shared_matrix_stays_one_parameter(runs: 
 def test_two_sharded_processes_match_one_process_with_sgd(runs: dict[str, Path]) -> None:
     """The reduce-scattered gradient equals the 1-process gradient up to float32 summation order
     (4 + 4 rows summed per rank, then averaged, against 8 rows summed): relative 1e-5 of the largest
-    entry (asserted: 1.5e-6 of it; measured 1e-6 of it, 6e-8 absolute). SGD moves each parameter by
-    lr × gradient, so the parameters agree to lr × that plus the rounding of the update itself (a few
-    ulp of parameters of size ~0.1; asserted: 1e-7, measured 6e-8)."""
+    entry (asserted: that; measured 1e-6 of it on an AMD EPYC, 2.1e-6 on an Intel Xeon with AMX, 2e-8
+    absolute; a sharding error — a missing average, a lost shard — is of the order of the gradient).
+    SGD moves each parameter by lr × gradient, so the parameters agree to lr × that plus the rounding of
+    the update itself (a few ulp of parameters of size ~0.1; asserted: 1e-7, measured 6e-8)."""
     expected, reference_gradients = _one_process("sgd", STEPS)
     for got, want in zip(_sharded_gradients(runs["sgd"]), reference_gradients, strict=True):
         for name, gradient in want.items():
-            torch.testing.assert_close(got[name], gradient, rtol=0, atol=1.5e-6 * gradient.abs().max().item())
+            torch.testing.assert_close(got[name], gradient, rtol=0, atol=1e-5 * gradient.abs().max().item())
     final = load_file(runs["sgd"] / "final.safetensors")
     for name, value in expected.items():
         torch.testing.assert_close(final[name], value, rtol=0, atol=1e-7, msg=name)
