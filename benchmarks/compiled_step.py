@@ -42,7 +42,6 @@ from transformers import GenerationConfig, HfArgumentParser
 
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
-    sinusoidal_position_encoding,
 )
 
 MODES = ("generate", "step", "compiled", "compiled-int8")
@@ -91,8 +90,9 @@ class DecodingStep(nn.Module):
         self.heads = config.decoder_attention_heads
         self.head_dim = config.d_model // self.heads
         self.embed_scale = self.decoder.embed_scale
-        positions = sinusoidal_position_encoding(torch.arange(max_length), config.d_model)
-        self.register_buffer("position_table", positions.to(model.dtype), persistent=False)  # (T_max, D)
+        # the decoder's own §3.5 encoding (its layout, timescales and offset), positions 0 … T_max − 1
+        positions = self.decoder.embed_positions(max_length, 0, model.device, model.dtype)
+        self.register_buffer("position_table", positions, persistent=False)  # (T_max, D)
 
     def _heads(self, states: torch.Tensor, rows: int) -> torch.Tensor:
         """(rows, t, D) → (rows, H, t, d_k)."""
