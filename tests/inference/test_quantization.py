@@ -85,10 +85,11 @@ def test_torchao_config_quantizes_every_projection_and_keeps_greedy_tokens(
     assert torch.equal(_greedy(reloaded, SOURCE), _greedy(quantized, SOURCE))
 
 
-def test_a_torchao_weight_takes_the_stock_linear_not_the_onednn_fast_path() -> None:
+def test_a_torchao_weight_takes_the_stock_linear_not_the_onednn_fast_path(monkeypatch) -> None:
     """torchao keeps the ``nn.Linear`` and swaps its weight for a tensor subclass: the fast path must
     call the module (oneDNN has no kernel for the subclass)."""
     torchao = _torchao()
+    monkeypatch.setattr(fast_paths, "ONEDNN_LINEAR_CPU", True)  # the CPU where the fast path runs
     layer = nn.Linear(512, 640)  # over the oneDNN threshold
     torchao.quantization.quantize_(layer, torchao.quantization.Int8WeightOnlyConfig())
     x = torch.randn(2, 3, 512)

@@ -29,7 +29,8 @@ def _ran_onednn(fn: Callable[[], object]) -> bool:
 
 
 @pytest.mark.skipif(not fast_paths._ONEDNN_LINEAR, reason="this torch build has no oneDNN")
-def test_linear_is_f_linear_with_onednn_in_cpu_inference() -> None:
+def test_linear_is_f_linear_with_onednn_in_cpu_inference(monkeypatch) -> None:
+    monkeypatch.setattr(fast_paths, "ONEDNN_LINEAR_CPU", True)  # as on an AMD CPU, whatever this one is
     torch.manual_seed(0)
     layer = nn.Linear(512, 640)  # 327,680 weights: over the threshold
     x = torch.randn(3, 5, 1024)[..., ::2]  # not contiguous
@@ -48,10 +49,27 @@ def test_linear_is_f_linear_with_onednn_in_cpu_inference() -> None:
         assert torch.equal(
             fast_paths.linear(small, x[..., :32]), F.linear(x[..., :32], small.weight, small.bias)
         )
+    monkeypatch.setattr(fast_paths, "ONEDNN_LINEAR_CPU", False)  # an Intel CPU: MKL's F.linear is faster
+    with torch.no_grad():
+        assert not _ran_onednn(lambda: fast_paths.linear(layer, x))
+        assert torch.equal(fast_paths.linear(layer, x), expected)
+
+
+def test_onednn_linear_is_taken_on_amd_cpus_only() -> None:
+    """MKL (``F.linear``'s BLAS) runs its fast code on Intel CPUs; oneDNN was measured faster on AMD's."""
+    assert fast_paths.prefers_onednn_linear("AuthenticAMD")
+    assert fast_paths.prefers_onednn_linear("AMD64 Family 25 Model 33 Stepping 0, AuthenticAMD")  # Windows
+    assert not fast_paths.prefers_onednn_linear("GenuineIntel")
+    assert not fast_paths.prefers_onednn_linear("Intel64 Family 6 Model 85 Stepping 7, GenuineIntel")
+    assert not fast_paths.prefers_onednn_linear("")  # unknown (e.g. an ARM machine): F.linear
+    vendor = fast_paths.cpu_vendor()
+    assert isinstance(vendor, str)
+    assert fast_paths.prefers_onednn_linear(vendor) == fast_paths.ONEDNN_LINEAR_CPU
 
 
 @pytest.mark.skipif(not fast_paths._ONEDNN_LINEAR, reason="this torch build has no oneDNN")
 def test_generation_through_onednn_equals_generation_through_f_linear(batch, monkeypatch) -> None:
+    monkeypatch.setattr(fast_paths, "ONEDNN_LINEAR_CPU", True)
     model = tiny_model(
         encoder_ffn_dim=8192, decoder_ffn_dim=8192
     )  # 32 × 8192 = 2^18 weights: at the threshold
@@ -338,6 +356,7 @@ def test_the_switch_turns_every_fast_path_off(batch, monkeypatch) -> None:
         encoder_ffn_dim=8192, decoder_ffn_dim=8192, dropout=0.1
     )  # fc weights at the oneDNN threshold
     monkeypatch.setattr(fast_paths, "MATMUL_ATTENTION_MIN_ROWS", 1)  # the tiny batch counts as many rows
+    monkeypatch.setattr(fast_paths, "ONEDNN_LINEAR_CPU", True)  # as on an AMD CPU
     calls = _record_fast_paths(monkeypatch)
     assert _ran_onednn(lambda: _train_step_and_generate(model, batch)) == fast_paths._ONEDNN_LINEAR
     assert set(calls) == {"dropout", "loss", "cache", "attention"}

@@ -11,7 +11,8 @@ file calls each other one in place of a stock operation, the way fairseq's layer
 fast path                     plain fallback                                  what it buys
 ============================  ==============================================  =======================
 :func:`linear`                the class ``forward`` (``F.linear``)            oneDNN weight streaming
-                                                                              in fp32 CPU inference
+                                                                              in fp32 inference on AMD
+                                                                              CPUs
 :func:`dropout`               ``F.dropout(x, p, training)``                   a mask from one 32-bit
                                                                               draw per two elements
 :func:`attention_interface`   the configured kernel (SDPA)                    Eq. (1) as two matrix
@@ -24,7 +25,8 @@ _cache`                                                                       O(
 
 (Measured effects are in ``benchmarks/RESULTS.md``.)
 
-**One gate each.** A fast path runs only where it was measured (the CPU, fp32) and only where it is
+**One gate each.** A fast path runs only where it was measured (the CPU, fp32; for :func:`linear`, an
+AMD CPU) and only where it is
 invisible: never under ``torch.compile``, TorchScript tracing or scripting, ``torch.func``
 transforms, autocast, or for a module that is not exactly the stock ``nn.Linear`` with a plain weight
 (not a torchao tensor subclass) or that carries hooks (forward, backward, global, or accelerate's, which replace ``module.forward``). Everywhere
@@ -43,6 +45,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import platform
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -139,6 +142,32 @@ def _onednn_linear_available() -> bool:
 
 _ONEDNN_LINEAR = _onednn_linear_available()
 
+
+def cpu_vendor() -> str:
+    """The CPU's vendor: ``/proc/cpuinfo``'s ``vendor_id`` ("GenuineIntel", "AuthenticAMD"), else
+    ``platform.processor()`` (on Windows it ends with the vendor); "" where neither says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def prefers_onednn_linear(vendor: str) -> bool:
+    """Whether oneDNN multiplies decoding's few rows by a large weight faster than ``F.linear`` on a CPU
+    of ``vendor``. ``F.linear``'s BLAS in x86 torch builds is Intel's MKL, which runs its fastest code on
+    Intel CPUs only: on an AMD EPYC oneDNN streams the weights 1.35–1.6× faster, on an Intel Xeon MKL is
+    the faster one (oneDNN 0.3–0.5× at 1–4 rows; decoding 8–23 % slower through it). Measured on those
+    two (benchmarks/linear_kernels.py); any other CPU keeps ``F.linear``."""
+    return "AuthenticAMD" in vendor
+
+
+#: Whether :func:`linear` takes oneDNN on this machine's CPU (read once, at import).
+ONEDNN_LINEAR_CPU = prefers_onednn_linear(cpu_vendor())
+
 #: Weights with at least this many elements (1 MiB in fp32: from d_model 512 up for the attention
 #: projections) go through oneDNN in CPU inference.
 ONEDNN_MIN_WEIGHT_ELEMENTS = 2**18
@@ -146,12 +175,14 @@ ONEDNN_MIN_WEIGHT_ELEMENTS = 2**18
 
 def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """What the class ``forward`` of ``module`` computes (``F.linear`` for an ``nn.Linear``); for a stock
-    ``nn.Linear`` in fp32 CPU inference (no autograd) with a large weight, the same product through
-    oneDNN (the kernel ``torch.compile`` uses on CPUs) instead of ``F.linear``'s BLAS call. Decoding
-    multiplies a few rows by each weight, so it streams weights from memory, and there oneDNN is
-    faster. Results equal ``F.linear``'s to rounding."""
+    ``nn.Linear`` in fp32 CPU inference (no autograd) with a large weight, on a CPU where it is the
+    faster kernel (:data:`ONEDNN_LINEAR_CPU`), the same product through oneDNN (the kernel
+    ``torch.compile`` uses on CPUs) instead of ``F.linear``'s BLAS call. Decoding multiplies a few rows
+    by each weight, so it streams weights from memory, and there oneDNN is faster than MKL on AMD CPUs.
+    Results equal ``F.linear``'s to rounding."""
     if (
         _ONEDNN_LINEAR
+        and ONEDNN_LINEAR_CPU
         and enabled()
         and not torch.is_grad_enabled()
         and _stock_linear(module)
