@@ -9,7 +9,9 @@ Routes: ``fp32``, ``bf16`` (``--dtype bfloat16``), ``int8`` (``--quantization dy
 and ``ct2-int8`` (the project's CTranslate2 export and backend), ``onnx`` (the ONNX export's
 ``generate()``; it has no command), and ``fp32-keep`` / ``int8-keep``: transformers' own beam-search
 loop, which goes on computing sentences whose search is over (``drop_finished_sentences=False``; the
-speed path's before). Decodings: beam 4 with the paper's stopping rule
+speed path's before), and ``replay``: ``generate()`` over a model that costs nothing (the fp32 model's
+outputs, recorded in an untimed run just before, replayed: ``real_text_worker.Replay``), i.e. what
+``generate()`` itself costs, the floor of every route through it. Decodings: beam 4 with the paper's stopping rule
 (``early_stopping="never"``, the default), beam 4 with ``early_stopping=True``, greedy; CTranslate2 has
 one stopping rule of its own, so its two beam cases are one (``beam4``). Batch sizes: ``--batch_sizes``;
 batch 1 translates the first ``--batch1_sentences`` sentences only.

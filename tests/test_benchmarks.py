@@ -102,6 +102,38 @@ def test_compiled_step_decodes_as_generate_and_its_eager_self(tmp_path: Path, be
     assert 0 <= rows["compiled-int8"]["token_agreement"] <= 1
 
 
+@pytest.mark.parametrize("beams", [1, 4])
+def test_replay_decodes_as_the_model_without_computing_it(beams: int) -> None:
+    """real_text.py's ``replay`` route: replaying the recorded outputs gives the model's translations
+    (beam search drops sentences as they finish, so the batch shrinks as in the real run), and the
+    replay computes nothing: with the weights zeroed after recording it still gives them."""
+    import torch
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from real_text_worker import Replay
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    from hf_vanilla.inference.options import DecodingOptions
+    from hf_vanilla.inference.translation import translate
+
+    model, tokenizer = randomize(tiny_model(), 0), word_tokenizer()
+    sentences = [" ".join(f"w{(5 * i + j) % 90}" for j in range(1 + i % 6)) for i in range(9)]
+    options = DecodingOptions(num_beams=beams, early_stopping="never")
+
+    def run() -> list[str]:
+        return translate(model, tokenizer, sentences, options, batch_size=4, device="cpu")
+
+    replay = Replay(model)
+    recorded = replay.record(run)
+    assert recorded == run()  # recording changes nothing, and leaves the model as it was
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+    assert run() != recorded  # the zeroed model translates otherwise ...
+    assert replay.replaying(run) == recorded  # ... the replay does not run it
+
+
 def _real_text_inputs(tmp_path: Path) -> tuple[Path, Path]:
     """A tiny model folder with its tokenizer, and a data folder with ``val.{de,en}.gz`` of 12 lines."""
     model_dir, data_dir = tmp_path / "model", tmp_path / "data"
@@ -127,7 +159,7 @@ def test_real_text_benchmark_times_every_mode_and_prints_its_table(tmp_path: Pat
         "real_text.py",
         tmp_path,
         *common,
-        "--routes", "fp32,int8,ct2-int8",
+        "--routes", "fp32,int8,ct2-int8,replay",
         "--modes", "generate,cli-start",
         "--batch_sizes", "4,1",
         "--batch1_sentences", "3",
@@ -135,6 +167,10 @@ def test_real_text_benchmark_times_every_mode_and_prints_its_table(tmp_path: Pat
     )  # fmt: skip
     cases = {run["case"] for run in report["runs"]}
     assert {"generate/fp32/never/b4", "generate/int8/true/b1", "generate/ct2-int8/beam4/b4"} <= cases
+    assert {"generate/replay/never/b4", "generate/replay/greedy/b1"} <= cases  # and no replay command
+    assert not any(case.startswith("cli-start/replay") for case in cases)
+    bleu = {run["case"]: run["bleu"] for run in report["runs"]}
+    assert bleu["generate/replay/true/b4"] == bleu["generate/fp32/true/b4"]  # the same translations
     assert {"cli-start/fp32/greedy/b1", "cli-start/ct2-int8/greedy/b1"} <= cases
     assert all(sum(run["case"] == case for run in report["runs"]) == 2 for case in cases)
     assert {run["sentences"] for run in report["runs"] if run["case"].endswith("/b4")} == {12}
