@@ -198,3 +198,26 @@ def test_real_text_benchmark_times_every_mode_and_prints_its_table(tmp_path: Pat
     )  # fmt: skip
     assert profile["batches"] == 3 and profile["steps"] > 0
     assert 0 < profile["forward"] < profile["generate"] and profile["search"] > 0
+
+
+@pytest.mark.slow
+def test_linear_kernels_times_both_kernels_and_translates_alike(tmp_path: Path) -> None:
+    """linear_kernels.py times F.linear and oneDNN on every shape and row count, and translates with the
+    fast path forced through each: the same translations."""
+    model_dir, data_dir = _real_text_inputs(tmp_path)
+    report = _run(
+        "linear_kernels.py",
+        tmp_path,
+        "--calls", "2",
+        "--repeats", "1",
+        "--rounds", "1",
+        "--model_dir", str(model_dir),
+        "--data_dir", str(data_dir),
+        "--batch_sizes", "4,1",
+        "--batch1_sentences", "3",
+    )  # fmt: skip
+    assert len(report["kernels"]) == 8 * 4
+    assert all(row["us"]["F.linear"] > 0 and row["us"]["oneDNN"] > 0 for row in report["kernels"])
+    assert [case["batch_size"] for case in report["translation"]] == [4, 1]
+    assert [case["sentences"] for case in report["translation"]] == [12, 3]
+    assert all(case["equal"] for case in report["translation"])
