@@ -94,7 +94,6 @@ class Replay:
 
     def record(self, run: Callable[[], Any]) -> Any:
         outputs = self.outputs = {"encoder": [], "decoder": []}
-        forwards = self.encoder.forward, self.model.forward
 
         def recorded(forward: Callable[..., Any], kind: str) -> Callable[..., Any]:
             def call(*args: Any, **kwargs: Any) -> Any:
@@ -104,12 +103,8 @@ class Replay:
 
             return call
 
-        self.encoder.forward = recorded(forwards[0], "encoder")
-        self.model.forward = recorded(forwards[1], "decoder")
-        try:
-            return run()
-        finally:
-            del self.encoder.forward, self.model.forward  # the classes' own again
+        encoder, decoder = recorded(self.encoder.forward, "encoder"), recorded(self.model.forward, "decoder")
+        return self._run_with(encoder, decoder, run)
 
     def replaying(self, run: Callable[[], Any]) -> Any:
         from transformers.modeling_outputs import Seq2SeqLMOutput
@@ -119,12 +114,24 @@ class Replay:
         def decoder(*args: Any, **kwargs: Any) -> Seq2SeqLMOutput:
             return Seq2SeqLMOutput(logits=next(logits), cache=kwargs.get("cache"))
 
-        self.encoder.forward = lambda *args, **kwargs: next(encoder_outputs)
-        self.model.forward = decoder
+        return self._run_with(lambda *args, **kwargs: next(encoder_outputs), decoder, run)
+
+    def _run_with(
+        self, encoder: Callable[..., Any], decoder: Callable[..., Any], run: Callable[[], Any]
+    ) -> Any:
+        """``run()`` with the encoder's and the model's ``forward`` replaced, then restored as they were."""
+        modules = {self.encoder: encoder, self.model: decoder}
+        before = {module: module.__dict__.get("forward") for module in modules}
+        for module, forward in modules.items():
+            module.forward = forward
         try:
             return run()
         finally:
-            del self.encoder.forward, self.model.forward
+            for module, forward in before.items():
+                if forward is None:
+                    del module.forward  # the class's own again
+                else:
+                    module.forward = forward
 
 
 def main() -> None:
