@@ -78,18 +78,17 @@ def translation_call(
     sentences: list[str],
     options: Any,
     batch_size: int,
-    onednn: bool,
     outputs: dict[str, list[str]],
-    name: str,
+    kernel: str,
 ) -> Callable[[], None]:
-    """A call that translates ``sentences`` with the linear fast path's oneDNN kernel forced on or off
-    and keeps the translations in ``outputs[name]``."""
+    """A call that translates ``sentences`` with the linear fast path forced through ``kernel``
+    ("oneDNN" or "F.linear") and keeps the translations in ``outputs[kernel]``."""
     from hf_vanilla.inference.translation import translate
 
     def call() -> None:
-        previous, fast_paths.ONEDNN_LINEAR_CPU = fast_paths.ONEDNN_LINEAR_CPU, onednn
+        previous, fast_paths.ONEDNN_LINEAR_CPU = fast_paths.ONEDNN_LINEAR_CPU, kernel == "oneDNN"
         try:
-            outputs[name] = translate(
+            outputs[kernel] = translate(
                 model, tokenizer, sentences, options, batch_size=batch_size, device="cpu"
             )
         finally:
@@ -110,10 +109,8 @@ def time_translation(args: argparse.Namespace) -> list[dict[str, object]]:
         chosen = sentences[: args.batch1_sentences] if batch_size == 1 else sentences
         outputs: dict[str, list[str]] = {}
         calls = {
-            name: translation_call(
-                model, tokenizer, chosen, options, batch_size, name == "oneDNN", outputs, name
-            )
-            for name in ("oneDNN", "F.linear")
+            kernel: translation_call(model, tokenizer, chosen, options, batch_size, outputs, kernel)
+            for kernel in ("oneDNN", "F.linear")
         }
         seconds = {name: timing.seconds for name, timing in interleave(calls, 1, args.rounds).items()}
         same = outputs["oneDNN"] == outputs["F.linear"]
@@ -147,6 +144,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="Timed rounds per route (part 2).")
     parser.add_argument("--json_out")
     args = parser.parse_args()
+    if not fast_paths._ONEDNN_LINEAR:
+        raise SystemExit(
+            "This torch build has no oneDNN linear kernel (torch.ops.mkldnn._linear_pointwise): nothing to compare."
+        )
     torch.set_num_threads(args.threads)
     vendor = fast_paths.cpu_vendor()
     print(
