@@ -172,3 +172,26 @@ def test_greedy_keeps_transformers_loop(options: dict[str, object]) -> None:
     assert torch.equal(getattr(fast, "sequences", fast), getattr(reference, "sequences", reference))
     if "streamer" in options:
         assert all(step.shape[0] == kwargs["input_ids"].shape[0] for step in tokens[1:])
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_own_prepare_inputs_keeps_transformers_loop(num_beams: int) -> None:
+    """The searches that drop finished sentences build a step's inputs as transformers'
+    ``prepare_inputs_for_generation`` does, without calling it; a model class with its own gets it
+    called at every step (transformers' loop), and the same sequences."""
+    model = ending_model(0)
+    calls = []
+
+    class OwnInputs(VanillaTransformerForConditionalGeneration):
+        def prepare_inputs_for_generation(self, *args: object, **kwargs: object) -> dict[str, object]:
+            calls.append(1)
+            return super().prepare_inputs_for_generation(*args, **kwargs)
+
+    own = OwnInputs(model.config).eval()
+    own.load_state_dict(model.state_dict())
+    kwargs = {**sources(0), "num_beams": num_beams}
+    reference, reference_rows = generate(model, True, **kwargs)
+    sequences, rows = generate(own, True, **kwargs)
+    assert torch.equal(sequences, reference)
+    assert rows > reference_rows  # transformers' loop: every row to the end
+    assert len(calls) > 1  # the class's own method built every step's inputs

@@ -194,18 +194,27 @@ def _next_token_logits(
     model_kwargs: dict[str, object],
 ) -> tuple[torch.Tensor, dict[str, object]]:
     """(rows, V) fp32 logits of the next token, from ``model_outputs`` (the prefill's) or else from one
-    cached decoder step over ``decoder_input_ids`` (rows, T); and ``model_kwargs`` with the step's cache."""
+    cached decoder step over the last of ``decoder_input_ids`` (rows, T); and ``model_kwargs`` with the
+    step's cache. The step's inputs are what ``prepare_inputs_for_generation`` makes of the kwargs
+    :data:`_KNOWN_KWARGS` allows (the last token, the rest passed on), without its general checks."""
     if model_outputs is None:
-        model_inputs = model.prepare_inputs_for_generation(
-            decoder_input_ids, next_sequence_length=1, **model_kwargs
-        )
-        model_outputs = model(**model_inputs, return_dict=True)
+        model_outputs = model(decoder_input_ids=decoder_input_ids[:, -1:], **model_kwargs, return_dict=True)
     model_kwargs = model._update_model_kwargs_for_generation(
         model_outputs, model_kwargs, is_encoder_decoder=True
     )
     # no copy (transformers copies to free the logits early: here nothing else keeps them)
     logits = model_outputs.logits[:, -1, :].to(dtype=torch.float32, device=decoder_input_ids.device)
     return logits, model_kwargs
+
+
+def _processed(
+    logits_processor: LogitsProcessorList, input_ids: torch.Tensor, scores: torch.Tensor
+) -> torch.Tensor:
+    """``logits_processor(input_ids, scores)`` for processors that take exactly those two arguments (the
+    :data:`_ROW_WISE` ones), without the list's signature inspection of every processor at every step."""
+    for processor in logits_processor:
+        scores = processor(input_ids, scores)
+    return scores
 
 
 def _search_over(
@@ -270,7 +279,9 @@ def _beam_search_dropping_finished(
             flat_running_sequences = model._flatten_beam_dim(running_sequences[:, :, :cur_len])
         logits, model_kwargs = _next_token_logits(model, flat_running_sequences, model_outputs, model_kwargs)
         model_outputs = None
-        log_probs = logits_processor(flat_running_sequences, torch.nn.functional.log_softmax(logits, dim=-1))
+        log_probs = _processed(
+            logits_processor, flat_running_sequences, torch.nn.functional.log_softmax(logits, dim=-1)
+        )
         active = open_.shape[0]
         log_probs = model._unflatten_beam_dim(log_probs, active, beams) + running_beam_scores[:, :, None]
         log_probs = torch.reshape(log_probs, (active, -1))
@@ -384,7 +395,7 @@ def _greedy_search_dropping_finished(
     while True:
         logits, model_kwargs = _next_token_logits(model, input_ids, model_outputs, model_kwargs)
         model_outputs = None
-        next_tokens = torch.argmax(logits_processor(input_ids, logits), dim=-1)
+        next_tokens = torch.argmax(_processed(logits_processor, input_ids, logits), dim=-1)
         input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
         over = stopping_criteria(input_ids, None)  # (active,)
         if bool(over.all()):
@@ -431,6 +442,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
 
     def _drops_finished_sentences(
         self,
+        input_ids: torch.Tensor,
         logits_processor: LogitsProcessorList,
         stopping_criteria: StoppingCriteriaList,
         generation_config: GenerationConfig,
@@ -438,12 +450,15 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         model_kwargs: dict[str, object],
     ) -> bool:
         """Whether this beam or greedy search may drop finished sentences: deterministic, returning
-        sequences only (no scores, cache or attentions), a fresh cache, and only row-wise processors
-        and inputs."""
+        sequences only (no scores, cache or attentions), a fresh cache, only row-wise processors and
+        inputs, and the decoder's inputs built as transformers builds them (its own
+        ``prepare_inputs_for_generation``, the ids on the model's device)."""
         cache = model_kwargs.get("cache")
         return (
             self.drop_finished_sentences
             and fast_paths.enabled()
+            and type(self).prepare_inputs_for_generation is GenerationMixin.prepare_inputs_for_generation
+            and input_ids.device == self.device
             and not (synced_gpus or generation_config.do_sample or generation_config.return_dict_in_generate)
             and getattr(generation_config, "prefill_chunk_size", None) is None
             and not getattr(generation_config, "is_assistant", False)
@@ -466,7 +481,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         """transformers' beam search, or the same search without the rows of sentences whose n-best
         list is final where :meth:`_drops_finished_sentences` allows it (same sequences)."""
         if self._drops_finished_sentences(
-            logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
+            input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
         ):
             return _beam_search_dropping_finished(
                 self, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
@@ -494,7 +509,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             and isinstance(cache, EncoderDecoderCache)
             and type(cache.self_attention_cache) is DynamicCache
             and self._drops_finished_sentences(
-                logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
+                input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
             )
         ):
             return _greedy_search_dropping_finished(
