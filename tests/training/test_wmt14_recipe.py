@@ -123,8 +123,13 @@ def _two_nodes_match_one_process_and_a_killed_node_resumes(tmp_path: Path) -> No
     two_w = load_file(tmp_path / "two" / "train" / "model.safetensors")
     one_w = load_file(tmp_path / "one" / "train" / "model.safetensors")
     assert two_w.keys() == one_w.keys()
-    differences = {k: (two_w[k] - one_w[k]).abs().max().item() for k in one_w}
-    assert max(differences.values()) < 1e-5, differences
+    differences = torch.cat([(two_w[k] - one_w[k]).abs().flatten() for k in one_w])
+    # Equal to rounding (the two reduce the gradients in different orders), except where a ReLU unit sits
+    # at its boundary in one run only: Adam turns that rounding-sized gradient into a step of its own.
+    # Measured on a 2-core AMD EPYC with AVX2 only: 1 of 51,584 weights 1.4e-5 apart (the last encoder
+    # layer's fc2), every other one under 1e-6; the steps themselves move weights by more than 1e-3.
+    assert differences.max() < 1e-4, differences.max()
+    assert (differences > 1e-6).float().mean() < 1e-3, int((differences > 1e-6).sum())
     start = load_file(tmp_path / "one" / "train" / "checkpoint-3" / "model.safetensors")
     assert max((start[k] - one_w[k]).abs().max().item() for k in one_w) > 1e-3  # it did train
 
