@@ -11,7 +11,9 @@ Timers around the model's own calls split each ``generate()``:
   stopping checks) and its set-up;
 * **finished sentences**: the share of the decoder forward spent on rows of sentences whose search is
   already over (no hypothesis can still enter their n-best list: transformers' early-stop state), the
-  forward time of each step × the fraction of such rows in it (rows cost about the same);
+  forward time of each step × the fraction of such rows in it (rows cost about the same): the rows
+  beyond those of the sentences still open at the last check (none where finished sentences leave
+  the batch; ``--keep_finished`` keeps them);
 * **source padding**: padded source positions over all source positions of the batches (the encoder and
   the cross-attention compute them).
 
@@ -45,7 +47,11 @@ class StepTimer:
     def __init__(self, model: Any) -> None:
         self.encoder_s = 0.0
         self.steps: list[tuple[float, float]] = []  # (forward seconds, fraction of rows already finished)
-        self.finished = 0.0  # fraction of rows whose sentence's search is over, for the next step
+        self.rows = 0  # rows of the last forward
+        # Rows of sentences whose search is not over, at the last check (None: no check yet). The next
+        # forward's other rows are finished sentences' (transformers' loop keeps them; the loop that
+        # drops finished sentences has none left).
+        self.open_rows: int | None = None
         encoder = model.get_encoder()
         encoder.forward = self._timed(encoder.forward, "encoder")
         model.forward = self._timed(model.forward, "forward")
@@ -57,7 +63,8 @@ class StepTimer:
             done = ~unsatisfied[:, 0]
             if kwargs["early_stopping"] is True:
                 done |= kwargs["is_sent_finished"].all(dim=-1)
-            self.finished = float(done.float().mean())
+            sentences = done.shape[0]  # the rows of the last forward hold each one's hypotheses
+            self.open_rows = self.rows * (sentences - int(done.sum())) // sentences
             return unsatisfied
 
         model._check_early_stop_heuristic = checked
@@ -70,14 +77,16 @@ class StepTimer:
             seconds = time.perf_counter() - start
             if what == "encoder":
                 self.encoder_s += seconds
-            else:
-                self.steps.append((seconds, self.finished))
+                return out
+            self.rows = kwargs["decoder_input_ids"].shape[0]
+            finished = 0.0 if self.open_rows is None else max(0, self.rows - self.open_rows) / self.rows
+            self.steps.append((seconds, finished))
             return out
 
         return timed
 
     def reset(self) -> None:
-        self.encoder_s, self.steps, self.finished = 0.0, [], 0.0
+        self.encoder_s, self.steps, self.rows, self.open_rows = 0.0, [], 0, None
 
 
 def profile(args: argparse.Namespace) -> dict[str, Any]:
