@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import randomize, tiny_model, word_tokenizer
+from helpers import ending_model, randomize, sources, tiny_model, word_tokenizer
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -135,14 +135,10 @@ def test_replay_decodes_as_the_model_without_computing_it(beams: int) -> None:
 
 
 @pytest.mark.parametrize("drop", [True, False])
-def test_profile_counts_rows_of_finished_sentences_only_where_the_loop_keeps_them(
-    copy_model, drop: bool
-) -> None:
+def test_profile_counts_rows_of_finished_sentences_only_where_the_loop_keeps_them(drop: bool) -> None:
     """real_text_profile.py's share of the forward spent on sentences whose search is over: beam search
     that drops them computes none (the next forward has only the open sentences' rows); transformers'
     own loop computes some, when sentences of a batch end at different steps."""
-    import copy
-
     import torch
 
     sys.path.insert(0, str(BENCHMARKS))
@@ -150,17 +146,11 @@ def test_profile_counts_rows_of_finished_sentences_only_where_the_loop_keeps_the
         from real_text_profile import StepTimer
     finally:
         sys.path.remove(str(BENCHMARKS))
-    model = copy.deepcopy(copy_model)
+    model = ending_model(0)
     model.drop_finished_sentences = drop
-    generator = torch.Generator().manual_seed(3)
-    source = torch.randint(4, 20, (6, 7), generator=generator)
-    lengths = torch.tensor([2, 3, 4, 5, 6, 7])  # the copy model ends each output after its source
-    attention_mask = (torch.arange(7) < lengths[:, None]).long()
-    source = torch.where(attention_mask.bool(), source, 0)
-    source[torch.arange(6), lengths - 1] = 2
     timer = StepTimer(model)
     with torch.no_grad():
-        model.generate(source, attention_mask=attention_mask, num_beams=4, early_stopping=True)
+        model.generate(**sources(0), num_beams=4, early_stopping=True)
     finished = [share for _, share in timer.steps]
     assert len(finished) > 3 and all(0 <= share < 1 for share in finished)
     assert (max(finished) == 0) == drop

@@ -5,31 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_model
+from helpers import ending_model, sources
 
 from hf_vanilla import VanillaTransformerForConditionalGeneration
-
-
-def ending_model(seed: int) -> VanillaTransformerForConditionalGeneration:
-    """A tiny random model whose hypotheses end at lengths from 1 to the bound (peaked distributions,
-    a fixed logit bias on </s>), as a trained model's do (benchmarks/early_stopping.py)."""
-    model = tiny_model(seed, init_std=0.5, final_logits_bias=True)
-    with torch.no_grad():
-        model.final_logits_bias[0, model.config.eos_token_id] = 6.0
-    return model
-
-
-def sources(seed: int, sentences: int = 12) -> dict[str, torch.Tensor]:
-    """Right-padded random sources of 2 to 14 tokens, the last one </s>."""
-    generator = torch.Generator().manual_seed(100 + seed)
-    lengths = torch.randint(2, 15, (sentences,), generator=generator).tolist()
-    input_ids = torch.zeros(sentences, max(lengths), dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for i, n in enumerate(lengths):
-        input_ids[i, : n - 1] = torch.randint(4, 99, (n - 1,), generator=generator)
-        input_ids[i, n - 1] = 2
-        attention_mask[i, :n] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
 def generate(
