@@ -407,6 +407,9 @@ class Run:
     def ranks(self) -> list[dict[str, Any]]:
         return [json.loads(p.read_text()) for p in sorted(self.record.glob("rank-*.json"))]
 
+    def exits(self) -> list[dict[str, Any]]:
+        return [json.loads(p.read_text()) for p in sorted(self.record.glob("exit-rank*.json"))]
+
     def params(self, rank: int = 0) -> dict[str, torch.Tensor]:
         return load_file(self.record / f"params-rank{rank}.safetensors")
 

@@ -10,7 +10,8 @@ script as ``__main__``. Controlled by environment variables:
   appends its logs to ``logs-rank<r>.jsonl``, saves its (whole) parameters to
   ``params-rank<r>.safetensors`` when training ends, and writes the decoded predictions and
   references that ``compute_metrics`` receives (after the cross-process gather) to
-  ``eval-rank<r>-<call>.json``.
+  ``eval-rank<r>-<call>.json``; as the script ends, ``exit-rank<r>.json`` says whether the process
+  still holds a process group.
 * ``HF_VANILLA_BLOCK_AT_STEP=N``: after optimizer step N, write ``blocked`` into the record folder, print
   ``train_driver: blocked after step N`` and wait until a signal arrives (the fault tests then send
   SIGTERM, SIGINT or SIGKILL).
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch.distributed
 from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType
 from safetensors.torch import save_file
@@ -173,6 +175,19 @@ training.PaperSeq2SeqTrainer = InstrumentedTrainer
 if os.environ.get("HF_VANILLA_TEST_FSDP_ON_CPU") == "1":
     allow_fsdp_on_cpu()
 
+
+def record_exit(record_dir: Path) -> None:
+    """Write ``exit-rank<r>.json``: whether this process still holds a process group as the script ends
+    (a live gloo group can abort the exit; see ``end_process_group``). Only where the run recorded."""
+    if record_dir.is_dir():
+        state = {"process_group_alive": torch.distributed.is_initialized()}
+        (record_dir / f"exit-rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(state))
+
+
 if __name__ == "__main__":
     sys.argv[0] = str(ROOT / "scripts" / "train.py")
-    runpy.run_path(str(ROOT / "scripts" / "train.py"), run_name="__main__")
+    try:
+        runpy.run_path(str(ROOT / "scripts" / "train.py"), run_name="__main__")
+    finally:
+        if RECORD_DIR is not None:
+            record_exit(Path(RECORD_DIR))

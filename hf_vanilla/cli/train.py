@@ -91,10 +91,12 @@ def _run(argv: list[str]) -> None:
     remember_training_arguments()  # for the next --help
     refuse_non_finite(real, argv)
     model_args, data_args, training_args = real.parse_args_into_dataclasses(argv)
-    from hf_vanilla.training.run import run_training, setup_logging  # torch
+    from hf_vanilla.training.launch_checks import end_process_group  # torch
+    from hf_vanilla.training.run import run_training, setup_logging
 
     setup_logging(training_args)
     run_training(model_args, data_args, training_args)
+    end_process_group()  # this process started it (through TrainingArguments); an exception skips it
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,11 @@ One more launch hazard is handled rather than refused: ``torchrun``'s elastic ag
 outlives an agent that is killed (``kill -9``, the OOM killer, a node's launcher stopped): it went on
 training with the other nodes, unsupervised, and they never stopped. :func:`exit_with_launcher` makes
 the worker die with its agent, as if its node had died, so the other nodes stop (docs/scaling.md).
+
+And one hazard at the end: a process that exits with its gloo process group still alive can abort
+in the interpreter's finalization ("terminate called without an active exception", SIGABRT) after
+the run has saved everything, so the launcher reports a failed run. :func:`end_process_group`
+destroys the group once a run has ended well.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import os
 import signal
 import sys
 
+import torch.distributed
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from transformers import TrainingArguments
@@ -37,6 +43,7 @@ __all__ = [
     "LaunchError",
     "check_fsdp_honoured",
     "check_process_group",
+    "end_process_group",
     "exit_with_launcher",
     "fsdp_requested",
 ]
@@ -102,6 +109,22 @@ def exit_with_launcher() -> None:
             f"The launcher that started this process (pid {_LAUNCHER_PID}) has exited: run the launch command "
             f"again. {_NOTHING_WRITTEN}"
         )
+
+
+def end_process_group() -> None:
+    """Destroy this process's default process group, if it has one: the last step of a training
+    process whose run ended well.
+
+    transformers' ``Trainer`` leaves the group that ``TrainingArguments`` set up alive to the end of the
+    process. With gloo its worker threads then meet the interpreter's finalization, which can abort
+    the process (SIGABRT, exit -6, "terminate called without an active exception"; pytorch/pytorch
+    issue 190489) after the model was saved (CI saw it once, in a two-process test that passes on most runs). Called only after
+    a run that ended without an exception (as ``torch.distributed.destroy_process_group``'s documentation
+    asks, "near the end of main()"): a rank that fails while the others are in a collective must not
+    also wait on the group.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def fsdp_requested(training_args: TrainingArguments) -> str | None:

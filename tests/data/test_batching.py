@@ -27,6 +27,7 @@ from hf_vanilla.data.batching import (
     padding_report,
     sequence_lengths,
 )
+from hf_vanilla.training.launch_checks import end_process_group
 from hf_vanilla.training.trainer import TokenBudgetSeq2SeqTrainer, unshard_prepared_dataloader
 
 
@@ -351,6 +352,7 @@ def _worker(out_dir: str) -> None:
         "all_inputs": [list(ids) for ids in train["input_ids"]],
     }
     (Path(out_dir) / f"rank{trainer.args.process_index}.json").write_text(json.dumps(record))
+    end_process_group()  # a gloo group left alive can abort the exit (CI saw "terminate called", -6)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,13 @@ def test_two_processes_really_ran(sentence_batches: tuple[Run, Run]) -> None:
 
 
 @pytest.mark.slow
+def test_each_process_ends_its_process_group_before_it_exits(sentence_batches: tuple[Run, Run]) -> None:
+    """A gloo group left alive can abort the exit of a run that saved everything (exit -6)."""
+    assert sentence_batches[0].exits() == [{"process_group_alive": False}] * 2
+    assert sentence_batches[1].exits() == [{"process_group_alive": False}]
+
+
+@pytest.mark.slow
 def test_the_tokenizer_is_trained_once_and_shared_with_the_other_rank(
     sentence_batches: tuple[Run, Run],
 ) -> None:
