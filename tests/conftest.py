@@ -50,6 +50,18 @@ def one_torch_thread() -> Iterator[None]:
 
 
 @pytest.fixture
+def gloo_group_of_one(tmp_path: Path) -> Iterator[None]:
+    """A default process group of one process (gloo, a file store) for this test; gone after it."""
+    store = torch.distributed.FileStore(str(tmp_path / "process-group-store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+@pytest.fixture
 def model() -> VanillaTransformerForConditionalGeneration:
     return tiny_model()
 

@@ -24,7 +24,7 @@ the worker die with its agent, as if its node had died, so the other nodes stop 
 And one hazard at the end: a process that exits with its gloo process group still alive can abort
 in the interpreter's finalization ("terminate called without an active exception", SIGABRT) after
 the run has saved everything, so the launcher reports a failed run. :func:`end_process_group`
-destroys the group once a run has ended well.
+destroys the group once a run has ended well or has saved the step a signal stopped it at.
 """
 
 from __future__ import annotations
@@ -118,10 +118,12 @@ def end_process_group() -> None:
     transformers' ``Trainer`` leaves the group that ``TrainingArguments`` set up alive to the end of the
     process. With gloo its worker threads then meet the interpreter's finalization, which can abort
     the process (SIGABRT, exit -6, "terminate called without an active exception"; pytorch/pytorch
-    issue 190489) after the model was saved (CI saw it once, in a two-process test that passes on most runs). Called only after
-    a run that ended without an exception (as ``torch.distributed.destroy_process_group``'s documentation
-    asks, "near the end of main()"): a rank that fails while the others are in a collective must not
-    also wait on the group.
+    issue 190489) after the model was saved (CI saw it once, in a two-process test that passes on most
+    runs). Called where every process gets with nothing in flight (as ``destroy_process_group``'s
+    documentation asks, "near the end of main()"): by ``scripts/train.py`` after a run that ended
+    without an exception, and by :class:`~hf_vanilla.training.resilience.SaveOnSignalCallback` after all
+    processes saved the step a signal stopped them at. A rank that fails while the others are in a
+    collective does not also wait on the group.
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

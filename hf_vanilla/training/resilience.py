@@ -57,6 +57,7 @@ from hf_vanilla.training.checkpoints import (
     last_complete_checkpoint,
     rotate_checkpoints_by_step,
 )
+from hf_vanilla.training.launch_checks import end_process_group
 from hf_vanilla.training.sharded_loading import load_full_state_dict_into_sharded, tie_state_dict
 
 logger = logging.getLogger(__name__)
@@ -382,6 +383,7 @@ class SaveOnSignalCallback(TrainerCallback):
         if self._exit is not None:
             self._exit(128 + signum)
             return
+        end_process_group()  # all saved and past the barrier: a live gloo group could abort the exit
         raise SystemExit(128 + signum)
 
     def on_train_end(

@@ -38,7 +38,12 @@ from hf_vanilla import VanillaTransformerForConditionalGeneration
 from hf_vanilla.data.numbers import make_demo_splits
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES
 from hf_vanilla.io.safe_loading import verify_checkpoint, verify_model_folder
-from hf_vanilla.training.launch_checks import LaunchError, check_fsdp_honoured, check_process_group
+from hf_vanilla.training.launch_checks import (
+    LaunchError,
+    check_fsdp_honoured,
+    check_process_group,
+    end_process_group,
+)
 
 
 def _launch_pair(
@@ -410,3 +415,9 @@ def test_check_fsdp_honoured(
             check_fsdp_honoured(accelerator, args)
     else:
         check_fsdp_honoured(accelerator, args)
+
+
+def test_end_process_group_destroys_the_default_group_and_needs_none(gloo_group_of_one: None) -> None:
+    end_process_group()
+    assert not torch.distributed.is_initialized()
+    end_process_group()  # a process without a group (python scripts/train.py): nothing to do

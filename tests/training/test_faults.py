@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -30,6 +31,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Seq2SeqTrainer,
     TrainerCallback,
+    TrainerControl,
+    TrainerState,
 )
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -213,6 +216,17 @@ class _TwoSignalsAtStep(_SignalAtStep):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         super().on_step_end(args, state, control, **kwargs)
         super().on_step_end(args, state, control, **kwargs)
+
+
+def test_a_signal_stop_ends_the_process_group_after_the_save(gloo_group_of_one: None) -> None:
+    """After every process saved the step (past the callback's barrier) the group goes before the exit:
+    a live gloo group can abort the exit, and the launcher would read the saved run as failed."""
+    saver = SaveOnSignalCallback()
+    saver.received, saver.stopped_at = signal.SIGTERM, 5
+    with pytest.raises(SystemExit) as exit_info:
+        saver.on_save(SimpleNamespace(), TrainerState(global_step=5), TrainerControl())
+    assert exit_info.value.code == 143
+    assert not torch.distributed.is_initialized()
 
 
 def test_a_second_ctrl_c_stops_at_once_without_saving(
