@@ -277,6 +277,13 @@ class Outputs:
         return self.text(process)
 
 
+def gloo_threads() -> int:
+    """How many of this process's threads gloo runs for process groups (``pt_gloo_runloop``, as Linux
+    names them): 0 once every group is really gone, not merely unregistered from torch.distributed."""
+    tasks = Path("/proc/self/task")
+    return sum((task / "comm").read_text().strip() == "pt_gloo_runloop" for task in tasks.iterdir())
+
+
 def kill_processes_mentioning(path: Path) -> None:
     """SIGKILL every process whose command line names ``path``: a test's launches and what they
     started, also in sessions of their own (``torchrun`` starts its workers so) or orphaned."""

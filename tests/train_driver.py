@@ -11,7 +11,7 @@ script as ``__main__``. Controlled by environment variables:
   ``params-rank<r>.safetensors`` when training ends, and writes the decoded predictions and
   references that ``compute_metrics`` receives (after the cross-process gather) to
   ``eval-rank<r>-<call>.json``; as the script ends, ``exit-rank<r>.json`` says whether the process
-  still holds a process group.
+  still holds a process group and how many gloo worker threads it still runs.
 * ``HF_VANILLA_BLOCK_AT_STEP=N``: after optimizer step N, write ``blocked`` into the record folder, print
   ``train_driver: blocked after step N`` and wait until a signal arrives (the fault tests then send
   SIGTERM, SIGINT or SIGKILL).
@@ -36,6 +36,7 @@ import numpy as np
 import torch.distributed
 from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType
+from helpers import gloo_threads
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback
@@ -177,10 +178,11 @@ if os.environ.get("HF_VANILLA_TEST_FSDP_ON_CPU") == "1":
 
 
 def record_exit(record_dir: Path) -> None:
-    """Write ``exit-rank<r>.json``: whether this process still holds a process group as the script ends
-    (a live gloo group can abort the exit; see ``end_process_group``). Only where the run recorded."""
+    """Write ``exit-rank<r>.json``: whether this process still holds a process group as the script ends,
+    and whether the group is really gone (its gloo threads; see ``end_process_group``). Only where the
+    run recorded."""
     if record_dir.is_dir():
-        state = {"process_group_alive": torch.distributed.is_initialized()}
+        state = {"process_group_alive": torch.distributed.is_initialized(), "gloo_threads": gloo_threads()}
         (record_dir / f"exit-rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(state))
 
 

@@ -21,15 +21,16 @@ outlives an agent that is killed (``kill -9``, the OOM killer, a node's launcher
 training with the other nodes, unsupervised, and they never stopped. :func:`exit_with_launcher` makes
 the worker die with its agent, as if its node had died, so the other nodes stop (docs/scaling.md).
 
-And one hazard at the end: a process that exits with its gloo process group still alive can abort
-in the interpreter's finalization ("terminate called without an active exception", SIGABRT) after
-the run has saved everything, so the launcher reports a failed run. :func:`end_process_group`
-destroys the group once a run has ended well or has saved the step a signal stopped it at.
+And one hazard at the end, where a run that saved everything can still be reported failed:
+transformers' ``Trainer`` leaves the process group alive, and with gloo both ways of ending it that
+come first to mind can abort or hang the process. :func:`end_process_group` ends it in the one order
+that is safe (its docstring says why).
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -37,6 +38,7 @@ import sys
 import torch.distributed
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
+from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainingArguments
 
 __all__ = [
@@ -112,21 +114,44 @@ def exit_with_launcher() -> None:
 
 
 def end_process_group() -> None:
-    """Destroy this process's default process group, if it has one: the last step of a training
-    process whose run ended well.
+    """Destroy this process's default process group, if it has one, once nothing uses it: the last step
+    of a training process. Call it after the ``Trainer`` is dropped; with a
+    ``DistributedDataParallel`` model still alive it raises ``RuntimeError`` and leaves the group as it is.
 
-    transformers' ``Trainer`` leaves the group that ``TrainingArguments`` set up alive to the end of the
-    process. With gloo its worker threads then meet the interpreter's finalization, which can abort
-    the process (SIGABRT, exit -6, "terminate called without an active exception"; pytorch/pytorch
-    issue 190489) after the model was saved (CI saw it once, in a two-process test that passes on most
-    runs). Called where every process gets with nothing in flight (as ``destroy_process_group``'s
-    documentation asks, "near the end of main()"): by ``scripts/train.py`` after a run that ended
-    without an exception, and by :class:`~hf_vanilla.training.resilience.SaveOnSignalCallback` after all
-    processes saved the step a signal stopped them at. A rank that fails while the others are in a
-    collective does not also wait on the group.
+    Why, and why in this order (torch 2.13, gloo; seen in the 2-process stock-``Trainer`` test of
+    ``tests/data/test_batching.py``, explained by ``py-spy dump --native`` of the hung processes; rates
+    in docs/scaling.md): after a collective returns, the gloo worker thread that ran it may not yet have released the
+    work's tensors (the ``all_gather`` of ``Trainer.store_flos`` at the end of ``train()``), and freeing
+    a tensor that Python already dropped takes the GIL.
+
+    * Left alive, the group is torn down in the interpreter's finalization, where that thread cannot
+      take the GIL: SIGABRT, exit -6, "terminate called without an active exception"
+      (pytorch/pytorch PR 179291 describes it).
+    * Destroyed while the DDP wrapper lives (what ``destroy_process_group()`` at the end of a script
+      does), the group's last owner becomes the wrapper's C++ reducer. Freeing the wrapper later joins
+      gloo's threads with the GIL held while that thread waits for the GIL: the process hangs
+      (``~Reducer`` → ``~ProcessGroupGloo`` → ``thread::join`` in the main thread,
+      ``~AsyncAllgatherWork`` → ``gil_scoped_acquire`` in the worker; pytorch/pytorch issue 56297).
+    * Destroyed after the wrapper is gone, the last owner is torch's Python ``ProcessGroup``, whose
+      destructor releases the GIL while it joins the threads: the worker finishes and the group ends.
+
+    So this collects the reference cycles that keep a dropped ``Trainer`` (and its wrapper) alive,
+    refuses if a wrapper is still reachable, then destroys the group. Called only where every process
+    gets with nothing in flight, as torch asks: by ``scripts/train.py`` after a run that ended well,
+    or that a signal stopped once every process had saved
+    (:class:`~hf_vanilla.training.resilience.StoppedBySignal`). A process that fails with an exception
+    skips it and does not wait on the group.
     """
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    gc.collect()
+    if any(issubclass(type(obj), DistributedDataParallel) for obj in gc.get_objects()):
+        raise RuntimeError(
+            "A DistributedDataParallel model is still referenced, so ending the process group now could "
+            "hang this process when the model is freed. Drop the Trainer and the wrapped model first "
+            "(del trainer), then call end_process_group()."
+        )
+    torch.distributed.destroy_process_group()
 
 
 def fsdp_requested(training_args: TrainingArguments) -> str | None:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
+from helpers import gloo_threads
 from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 
@@ -318,6 +319,7 @@ def test_trainer_two_processes_partition_each_epoch(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     subprocess.run([*command, __file__, str(tmp_path)], check=True, env=env, timeout=600)
     records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert [json.loads((tmp_path / f"exit-rank{rank}.json").read_text()) for rank in range(2)] == [0, 0]
     assert records[0]["batches_per_epoch"] == records[1]["batches_per_epoch"] > 0
     per_epoch = records[0]["batches_per_epoch"]
     for epoch in range(2):
@@ -332,7 +334,7 @@ def test_trainer_two_processes_partition_each_epoch(tmp_path: Path) -> None:
     assert records[0]["global_step"] == records[1]["global_step"] == 2 * -(-per_epoch // 2)
 
 
-def _worker(out_dir: str) -> None:
+def _train_and_record(out_dir: str) -> None:
     """One rank of the 2-process run: train 2 epochs with max_tokens and record the batches it saw."""
     model, tokenizer, train = _tiny_setup(90)
     collator = RecordingCollator(tokenizer, model)
@@ -352,7 +354,15 @@ def _worker(out_dir: str) -> None:
         "all_inputs": [list(ids) for ids in train["input_ids"]],
     }
     (Path(out_dir) / f"rank{trainer.args.process_index}.json").write_text(json.dumps(record))
-    end_process_group()  # a gloo group left alive can abort the exit (CI saw "terminate called", -6)
+
+
+def _worker(out_dir: str) -> None:
+    """Train, then end the group once the Trainer is gone, as a script driving the stock Trainer under
+    torchrun should: left alive, or destroyed under the live Trainer, a gloo group can abort or hang the
+    exit (see end_process_group)."""
+    _train_and_record(out_dir)
+    end_process_group()
+    (Path(out_dir) / f"exit-rank{os.environ['RANK']}.json").write_text(json.dumps(gloo_threads()))
 
 
 if __name__ == "__main__":

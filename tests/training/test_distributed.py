@@ -29,6 +29,7 @@ from helpers import (
     VALID,
     Run,
     check_matches_one_process,
+    gloo_threads,
     tiny_model,
     train_args,
 )
@@ -92,8 +93,8 @@ def test_two_processes_really_ran(sentence_batches: tuple[Run, Run]) -> None:
 @pytest.mark.slow
 def test_each_process_ends_its_process_group_before_it_exits(sentence_batches: tuple[Run, Run]) -> None:
     """A gloo group left alive can abort the exit of a run that saved everything (exit -6)."""
-    assert sentence_batches[0].exits() == [{"process_group_alive": False}] * 2
-    assert sentence_batches[1].exits() == [{"process_group_alive": False}]
+    assert sentence_batches[0].exits() == [{"process_group_alive": False, "gloo_threads": 0}] * 2
+    assert sentence_batches[1].exits() == [{"process_group_alive": False, "gloo_threads": 0}]
 
 
 @pytest.mark.slow
@@ -417,7 +418,26 @@ def test_check_fsdp_honoured(
         check_fsdp_honoured(accelerator, args)
 
 
-def test_end_process_group_destroys_the_default_group_and_needs_none(gloo_group_of_one: None) -> None:
+def test_end_process_group_ends_the_group_and_its_threads_and_needs_none(gloo_group_of_one: None) -> None:
+    assert gloo_threads() > 0
     end_process_group()
     assert not torch.distributed.is_initialized()
+    assert gloo_threads() == 0  # really gone: the Python ProcessGroup was its last owner
     end_process_group()  # a process without a group (python scripts/train.py): nothing to do
+
+
+def test_end_process_group_refuses_while_a_ddp_model_lives_and_keeps_the_group(
+    gloo_group_of_one: None,
+) -> None:
+    """Destroyed under a live DistributedDataParallel, the group would be freed later by the wrapper's
+    reducer with the GIL held: the hang CI saw in the 2-process Trainer test (see end_process_group)."""
+    wrapped = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    cycle = {"wrapped": wrapped}
+    cycle["self"] = cycle  # as a Trainer's reference cycles keep its wrapper after the last name goes
+    with pytest.raises(RuntimeError, match=r"Drop the Trainer and the wrapped model first \(del trainer\)"):
+        end_process_group()
+    assert torch.distributed.is_initialized()  # nothing done
+    del wrapped, cycle  # garbage, found by end_process_group's collection
+    end_process_group()
+    assert not torch.distributed.is_initialized()
+    assert gloo_threads() == 0
