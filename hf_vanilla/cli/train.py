@@ -92,11 +92,20 @@ def _run(argv: list[str]) -> None:
     refuse_non_finite(real, argv)
     model_args, data_args, training_args = real.parse_args_into_dataclasses(argv)
     from hf_vanilla.training.launch_checks import end_process_group  # torch
+    from hf_vanilla.training.resilience import StoppedBySignal
     from hf_vanilla.training.run import run_training, setup_logging
 
     setup_logging(training_args)
-    run_training(model_args, data_args, training_args)
-    end_process_group()  # this process started it (through TrainingArguments); an exception skips it
+    stopped: int | None = None
+    try:
+        run_training(model_args, data_args, training_args)
+    except StoppedBySignal as stop:  # every process saved the step and passed the callback's barrier
+        stopped = int(stop.code)
+    # Here the Trainer is garbage (the traceback that held it is gone), as end_process_group needs.
+    # This process started the group (through TrainingArguments); any other exception skips this.
+    end_process_group()
+    if stopped is not None:
+        raise SystemExit(stopped)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,17 +57,23 @@ from hf_vanilla.training.checkpoints import (
     last_complete_checkpoint,
     rotate_checkpoints_by_step,
 )
-from hf_vanilla.training.launch_checks import end_process_group
 from hf_vanilla.training.sharded_loading import load_full_state_dict_into_sharded, tie_state_dict
 
 logger = logging.getLogger(__name__)
 
 
-__all__ = ["NonFiniteTrainingError", "ResilientTrainerMixin", "SaveOnSignalCallback"]
+__all__ = ["NonFiniteTrainingError", "ResilientTrainerMixin", "SaveOnSignalCallback", "StoppedBySignal"]
 
 
 class NonFiniteTrainingError(ValueError):
     """A training step gave a non-finite loss or gradient norm, or the weights to be saved are not finite."""
+
+
+class StoppedBySignal(SystemExit):
+    """Raised by :class:`SaveOnSignalCallback` once every process has saved the step a signal stopped it
+    at; its ``code`` is the exit status, ``128 + signal``. A ``SystemExit``, so a script that does not
+    catch it exits with that status; ``scripts/train.py`` catches it to end the process group first
+    (:func:`~hf_vanilla.training.launch_checks.end_process_group`, which needs the Trainer gone)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -322,12 +328,13 @@ class SaveOnSignalCallback(TrainerCallback):
 
     At every step end all processes agree (one all-reduce of a flag) whether any of them has received
     the signal, so they save the same step together. After the checkpoint is written the process exits
-    with status ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), which schedulers and shells read as
-    "terminated by signal"; ``--resume_from_checkpoint last`` then continues the run. A second signal
-    acts at once: the previous handlers are restored after the first (SIGTERM's default kills the
-    process, Python's SIGINT handler raises ``KeyboardInterrupt``). A signal that arrives during
-    evaluation or saving takes effect at the next step end. ``torchrun`` forwards SIGTERM to every
-    worker and waits up to 30 s before SIGKILL, which bounds the time left to finish the step and save.
+    with status ``128 + signal`` (143 for SIGTERM, 130 for SIGINT: :class:`StoppedBySignal`), which
+    schedulers and shells read as "terminated by signal"; ``--resume_from_checkpoint last`` then
+    continues the run. A second signal acts at once: the previous handlers are restored after the
+    first (SIGTERM's default kills the process, Python's SIGINT handler raises ``KeyboardInterrupt``).
+    A signal that arrives during evaluation or saving takes effect at the next step end. ``torchrun``
+    forwards SIGTERM to every worker and waits up to 30 s before SIGKILL, which bounds the time left to
+    finish the step and save.
     """
 
     def __init__(
@@ -383,8 +390,7 @@ class SaveOnSignalCallback(TrainerCallback):
         if self._exit is not None:
             self._exit(128 + signum)
             return
-        end_process_group()  # all saved and past the barrier: a live gloo group could abort the exit
-        raise SystemExit(128 + signum)
+        raise StoppedBySignal(128 + signum)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -17,12 +17,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
-from helpers import Outputs, _env, tiny_model
+from helpers import Outputs, _env, gloo_threads, tiny_model
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
@@ -31,8 +30,6 @@ from transformers import (
     PreTrainedTokenizerFast,
     Seq2SeqTrainer,
     TrainerCallback,
-    TrainerControl,
-    TrainerState,
 )
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -50,7 +47,7 @@ from hf_vanilla.training.checkpoints import (
     find_complete_checkpoints,
     last_complete_checkpoint,
 )
-from hf_vanilla.training.resilience import ResilientTrainerMixin, SaveOnSignalCallback
+from hf_vanilla.training.resilience import ResilientTrainerMixin, SaveOnSignalCallback, StoppedBySignal
 from hf_vanilla.training.trainer import PaperSeq2SeqTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,7 +190,7 @@ def test_a_signal_saves_the_current_step_and_resuming_gives_the_same_weights(
     trainer = _trainer(
         out, tokenizer, data, callbacks=(_SignalAtStep(5, signum), saver), max_tokens=max_tokens
     )
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(StoppedBySignal) as exit_info:  # a SystemExit
         trainer.train()
     assert exit_info.value.code == 128 + signum  # 143 for SIGTERM, 130 for SIGINT
     assert signal.getsignal(signum) == previous_handler  # a second signal acts at once
@@ -218,15 +215,29 @@ class _TwoSignalsAtStep(_SignalAtStep):
         super().on_step_end(args, state, control, **kwargs)
 
 
-def test_a_signal_stop_ends_the_process_group_after_the_save(gloo_group_of_one: None) -> None:
-    """After every process saved the step (past the callback's barrier) the group goes before the exit:
-    a live gloo group can abort the exit, and the launcher would read the saved run as failed."""
-    saver = SaveOnSignalCallback()
-    saver.received, saver.stopped_at = signal.SIGTERM, 5
+def test_a_signal_stopped_run_ends_its_process_group_once_the_trainer_is_gone(
+    gloo_group_of_one: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """scripts/train.py, after every process saved the step a signal stopped it at: the group ends,
+    gloo's threads too, only once the Trainer is garbage (see end_process_group), and the process
+    exits 128 + signal. A live gloo group can abort the exit, and the launcher would read the saved run
+    as failed."""
+    import hf_vanilla.cli.train as train_cli
+    import hf_vanilla.training.run as run
+
+    def stopped_run(*arguments: Any) -> None:
+        trainer = {"model": torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))}
+        trainer["self"] = trainer  # a Trainer's reference cycles keep its wrapped model alive
+        raise StoppedBySignal(143)
+
+    monkeypatch.setattr(run, "run_training", stopped_run)
+    monkeypatch.setattr(run, "setup_logging", lambda training_args: None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     with pytest.raises(SystemExit) as exit_info:
-        saver.on_save(SimpleNamespace(), TrainerState(global_step=5), TrainerControl())
+        train_cli._run(["--output_dir", str(tmp_path / "out")])
     assert exit_info.value.code == 143
     assert not torch.distributed.is_initialized()
+    assert gloo_threads() == 0
 
 
 def test_a_second_ctrl_c_stops_at_once_without_saving(
