@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -240,6 +241,29 @@ def _generate(side: Side, attn: str = "eager", **kwargs: object) -> dict[str, ob
     return seen
 
 
+def check_generate_logs(side: Side) -> object:
+    """What ``generate()`` returning a dict (greedy and beam) logs through transformers' loggers and
+    Python's warnings; ``warning_once``'s memory is cleared first, so that a message another test
+    logged earlier shows again."""
+    model = side.model()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    library = logging.getLogger("transformers")
+    logging.Logger.warning_once.cache_clear()  # type: ignore[attr-defined]
+    library.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for beams in (1, BEAMS):
+                model.generate(
+                    **inputs(), num_beams=beams, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True
+                )
+    finally:
+        library.removeHandler(handler)
+    return sorted({record.getMessage() for record in records} | {str(w.message) for w in caught})
+
+
 def check_generate_greedy(side: Side) -> object:
     seen = _generate(side, num_beams=1, do_sample=False)
     assert seen["sequences"] == (BATCH, 1 + NEW_TOKENS)
@@ -338,6 +362,7 @@ CHECKS: list[Callable[[Side], object]] = [
     check_loading_reports,
     check_cache_names,
     check_old_cache_name_warns,
+    check_generate_logs,
     check_generate_greedy,
     check_generate_beam,
     check_generate_sampling,

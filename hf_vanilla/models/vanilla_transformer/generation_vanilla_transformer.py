@@ -624,7 +624,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         output = super().generate(
             inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
         )
-        cache = getattr(output, "past_key_values", None)
+        cache = getattr(output, "cache", None)  # not `past_key_values`: that alias logs a deprecation
         if isinstance(cache, EncoderDecoderCache):
             _one_row_per_hypothesis(cache)
         return output
