@@ -44,6 +44,7 @@ from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
 from hf_vanilla.io.checksums import verify_checksums
 from hf_vanilla.io.errors import (
+    CheckpointError,
     ConfigMismatchError,
     CorruptCheckpointError,
     NonFiniteWeightsError,
@@ -153,6 +154,22 @@ def _check_json(path: Path) -> Any:
         raise CorruptCheckpointError(f"{str(path)!r} is damaged: {err}.{damaged_file_hint(path)}") from err
 
 
+def _export_kind(folder: Path) -> tuple[str, str] | None:
+    """What a folder without transformers weights holds when it is an export of hf_vanilla's (what it
+    is, and how to run it), so that it is not taken for a damaged save."""
+    if (folder / "model.bin").is_file():
+        return (
+            "a CTranslate2 export (model.bin)",
+            "To translate with the export itself: hf-vanilla-translate --backend ctranslate2.",
+        )
+    if any(folder.glob("*.onnx")):
+        return (
+            "an ONNX export (*.onnx)",
+            "To translate with the export itself: hf_vanilla.interop.onnx_generation (docs/interop.md).",
+        )
+    return None
+
+
 def verify_model_folder(folder: str | Path, *, checksums: bool = True) -> None:
     """Check a ``save_pretrained`` folder before ``from_pretrained`` reads it.
 
@@ -178,6 +195,12 @@ def verify_model_folder(folder: str | Path, *, checksums: bool = True) -> None:
             verify_safetensors_file(folder / shard)
     else:
         pickled = sorted(folder.glob("pytorch_model*.bin"))
+        export = _export_kind(folder)
+        if not pickled and export is not None:
+            raise CheckpointError(
+                f"{str(folder)!r} is {export[0]}, not a transformers model folder: this command needs the folder "
+                f"it was exported from. {export[1]}"
+            )
         if not pickled:
             raise CorruptCheckpointError(
                 f"{str(folder)!r} holds no weights (no model.safetensors, index or pytorch_model.bin)."

@@ -244,6 +244,42 @@ def test_ctranslate2_refuses_what_it_cannot_do_in_one_line(folder: Path, ct2_fol
         load_model_and_tokenizer(InferenceModelArguments(model_name_or_path=str(ct2_folder), device="cpu"))
 
 
+def test_an_export_given_where_a_model_folder_is_needed_is_named_not_called_damaged(
+    folder: Path, ct2_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A CTranslate2 or ONNX export given to a command that needs the transformers folder (or with
+    ``--backend transformers``) is named for what it is, with the way to run it, in one line; the
+    advice for a damaged save (resume from an earlier checkpoint, or delete the folder) is not given."""
+    from hf_vanilla.cli.evaluate_bleu import main as evaluate
+    from hf_vanilla.cli.translate import main as translate
+
+    onnx = tmp_path / "onnx"  # what hf-vanilla-export-onnx writes beside its graphs
+    onnx.mkdir()
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        (onnx / name).write_bytes((folder / name).read_bytes())
+    (onnx / "encoder.onnx").write_bytes(b"graph")
+    (tmp_path / "in.txt").write_text("w1\n")
+    calls = [
+        (translate, ct2_folder, ["--backend", "transformers"], "a CTranslate2 export (model.bin)"),
+        (translate, onnx, [], "an ONNX export (*.onnx)"),
+        (evaluate, onnx, [], "an ONNX export (*.onnx)"),
+    ]
+    for main, path, extra, kind in calls:
+        arguments = ["--model_name_or_path", str(path), *extra]
+        if main is translate:
+            arguments += ["--input_file", str(tmp_path / "in.txt")]
+        else:
+            arguments += ["--validation_files", str(tmp_path / "in.txt"), str(tmp_path / "in.txt")]
+            arguments += ["--output_dir", str(tmp_path / "eval")]
+        assert main(arguments) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {str(path)!r} is {kind}, not a transformers model folder"), err
+        assert "To translate with the export itself" in err and "delete" not in err and "\n" not in err
+    assert (onnx / "encoder.onnx").read_bytes() == b"graph" and (
+        ct2_folder / "model.bin"
+    ).is_file()  # untouched
+
+
 def test_the_cli_applies_max_length_budgets_and_dtype(folder: Path, tmp_path: Path) -> None:
     from hf_vanilla.cli.translate import main
 
