@@ -24,6 +24,7 @@ from sacrebleu.metrics.bleu import BLEU
 
 from hf_vanilla.analysis.tokenized_bleu import TOKENIZED_BLEU_TOKENIZERS, check_segments, tokenized_bleu
 from hf_vanilla.data.loading import hub_offline
+from hf_vanilla.inference.ctranslate2 import CTranslate2Model
 from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.inference.translation import translate
 from hf_vanilla.io.atomic import atomic_file
@@ -146,7 +147,8 @@ def evaluate_translations(
     check_bleu_tokenize(bleu_tokenize)  # before the translation, not after
     check_tokenized_bleu(tokenized_bleu_tokenizer)
     options = options or DecodingOptions()
-    logger.info("Translating %d segments: %s", len(sources), options.describe())
+    decoding = decoding_record(model, options)
+    logger.info("Translating %d segments: %s", len(sources), decoding["description"])
     start = time.perf_counter()
     hypotheses = translate(model, tokenizer, sources, options, batch_size, device, generate_kwargs)
     decoding_seconds = time.perf_counter() - start
@@ -161,10 +163,19 @@ def evaluate_translations(
     return {
         **scores,
         "num_segments": len(sources),
-        "decoding": options.to_dict(),
+        "decoding": decoding,
         "decoding_seconds": decoding_seconds,
         "hypotheses": hypotheses,
     }
+
+
+def decoding_record(model: Any, options: DecodingOptions) -> dict[str, Any]:
+    """The decoding settings as a results file records them: :meth:`DecodingOptions.to_dict`, and for a
+    CTranslate2 export what CTranslate2 did instead (its own stopping rule: ``early_stopping`` unused)."""
+    record = options.to_dict()
+    if isinstance(model, CTranslate2Model):
+        record.update(backend="ctranslate2", early_stopping=None, description=model.describe(options))
+    return record
 
 
 def parallel_columns(dataset: Any, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:

@@ -130,7 +130,7 @@ def _run(argv: list[str]) -> None:
         sources, references = parallel_columns(data[split], src, tgt)
         dataset_name = data_args.dataset_name or "local files"
     bleu_tokenize, bleu_note = choose_bleu_tokenize(eval_args.bleu_tokenize, references)
-    model, tokenizer = load_model_and_tokenizer(model_args)
+    model, tokenizer = load_model_and_tokenizer(model_args, allow_ctranslate2=True)
     try:
         results, path = evaluate_split_into(
             output_dir,
@@ -162,7 +162,8 @@ def _run(argv: list[str]) -> None:
     keys += ("tokenized_bleu", "tokenized_bleu_method") if eval_args.tokenized_bleu else ()
     summary = {key: results[key] for key in keys}
     summary["bleu_tokenize"] = bleu_note
-    print(json.dumps({**summary, "decoding": decoding.describe(), "results_file": str(path)}, indent=2))
+    described = results["decoding"]["description"]
+    print(json.dumps({**summary, "decoding": described, "results_file": str(path)}, indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -244,6 +244,34 @@ def test_ctranslate2_refuses_what_it_cannot_do_in_one_line(folder: Path, ct2_fol
         load_model_and_tokenizer(InferenceModelArguments(model_name_or_path=str(ct2_folder), device="cpu"))
 
 
+def test_evaluate_scores_a_ctranslate2_export_and_records_its_decoding(
+    folder: Path, ct2_folder: Path, tmp_path: Path
+) -> None:
+    """``hf-vanilla-evaluate`` on the CTranslate2 export (as its ``--backend`` help offers): greedy, the
+    same hypotheses and scores as the transformers folder; the results file records CTranslate2's
+    decoding (its own stopping rule, so no ``early_stopping``), not transformers' beam search."""
+    from hf_vanilla.cli.evaluate_bleu import main as evaluate
+
+    (tmp_path / "val.de").write_text("".join(line + "\n" for line in LINES if line))
+    (tmp_path / "val.en").write_text("".join(line + "\n" for line in LINES if line))
+    results = {}
+    for name, path in (("transformers", folder), ("ctranslate2", ct2_folder)):
+        arguments = ["--model_name_or_path", str(path), "--validation_files", str(tmp_path / "val")]
+        arguments += ["--source_lang", "de", "--target_lang", "en", "--device", "cpu", "--num_beams", "1"]
+        assert evaluate([*arguments, "--output_dir", str(tmp_path / name)]) == 0
+        results[name] = json.loads((tmp_path / name / "validation.results.json").read_text(encoding="utf-8"))
+        results[name]["hypotheses"] = (tmp_path / name / "validation.hyp.en").read_text(encoding="utf-8")
+    ours, ct2 = results["transformers"], results["ctranslate2"]
+    assert (
+        ct2["hypotheses"] == ours["hypotheses"]
+        and ct2["bleu"] == ours["bleu"]
+        and ct2["chrf"] == ours["chrf"]
+    )
+    assert "backend" not in ours["decoding"] and ours["decoding"]["early_stopping"] == "never"
+    assert ct2["decoding"]["backend"] == "ctranslate2" and ct2["decoding"]["early_stopping"] is None
+    assert ct2["decoding"]["description"].startswith("CTranslate2 greedy (beam 1)")
+
+
 def test_an_export_given_where_a_model_folder_is_needed_is_named_not_called_damaged(
     folder: Path, ct2_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
