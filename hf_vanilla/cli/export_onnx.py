@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 
 from hf_vanilla.cli import parse_arguments, run_cli
+from hf_vanilla.interop.options import check_model_dir
 from hf_vanilla.io.atomic import OVERWRITE_HELP, refuse_to_replace
 
 logger = logging.getLogger(__name__)
@@ -33,9 +34,10 @@ def _run(argv: list[str]) -> None:
     from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer  # torch
     from hf_vanilla.interop.export_onnx import export_onnx
 
+    check_model_dir(args.model_dir)
     refuse_to_replace(args.output_dir, args.overwrite, "--output_dir", inputs=[args.model_dir])
-    model, tokenizer = load_model_and_tokenizer(
-        InferenceModelArguments(model_name_or_path=args.model_dir, device="cpu")
+    model, tokenizer = load_model_and_tokenizer(  # a CTranslate2 export: named as one (io.safe_loading)
+        InferenceModelArguments(model_name_or_path=args.model_dir, device="cpu", backend="transformers")
     )
     export_onnx(model, tokenizer, args.output_dir, overwrite=args.overwrite)
     logger.info("Exported %s to %s", args.model_dir, args.output_dir)

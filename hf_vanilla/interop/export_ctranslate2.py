@@ -39,6 +39,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from hf_vanilla.data.tokenization import check_tokenizer_matches_config
 from hf_vanilla.hub.folder import limit_tokenizer_length
 from hf_vanilla.interop.options import ExportArguments as ExportArguments  # its old home
+from hf_vanilla.interop.options import check_model_dir
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
 from hf_vanilla.io.safe_loading import load_pretrained_checked
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
@@ -258,6 +259,7 @@ def export_ctranslate2(
     generation config.
     """
     _require_ctranslate2()
+    check_model_dir(model_dir)
     refuse_to_replace(output_dir, overwrite, "--output_dir", inputs=[model_dir])
     converter = VanillaTransformerConverter(model_dir)
     with atomic_directory(output_dir) as staged:

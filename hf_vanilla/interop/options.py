@@ -5,10 +5,23 @@ them (and export them under their old names)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hf_vanilla.io.atomic import OVERWRITE_HELP
 
-__all__ = ["ConversionArguments", "ExportArguments"]
+__all__ = ["ConversionArguments", "ExportArguments", "check_model_dir"]
+
+
+def check_model_dir(model_dir: str | Path) -> None:
+    """Refuse an exporter's ``--model_dir`` that is not a folder, naming the flag (the exporters read a
+    local hf_vanilla folder, never the Hub)."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        what = "a file, not a folder" if path.exists() else "no such folder"
+        raise FileNotFoundError(
+            f"--model_dir {str(model_dir)!r}: {what}. Give the hf_vanilla model folder to export: a training "
+            "run's --output_dir, one of its checkpoint-<step> folders, or an averaged or converted model."
+        )
 
 
 @dataclass

@@ -711,6 +711,24 @@ CLI_CASES: dict[str, Case] = {
         "holds weights that are not finite",
         _nan_weights,
     ),
+    "export to CTranslate2 from a missing folder": Case(
+        "export_ctranslate2",
+        lambda w, t: ["--model_dir", "runs/no/such/model", "--output_dir", str(t / "out")],
+        "--model_dir 'runs/no/such/model': no such folder",
+        lambda w, t: _file(t, "other.txt"),
+    ),
+    "export to ONNX from a missing folder": Case(
+        "export_onnx",
+        lambda w, t: ["--model_dir", "runs/no/such/model", "--output_dir", str(t / "out")],
+        "--model_dir 'runs/no/such/model': no such folder",
+        lambda w, t: _file(t, "other.txt"),
+    ),
+    "export to ONNX from a CTranslate2 export": Case(
+        "export_onnx",
+        lambda w, t: ["--model_dir", str(t / "model"), "--output_dir", str(t / "out")],
+        "is a CTranslate2 export (model.bin), not a transformers model folder",
+        _ct2_export,
+    ),
     "export a model with NaN weights to CTranslate2": Case(
         "export_ctranslate2",
         lambda w, t: ["--model_dir", str(t / "model"), "--output_dir", str(t / "out")],
