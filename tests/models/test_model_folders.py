@@ -269,6 +269,34 @@ def test_pipeline_is_registered_and_takes_per_call_settings(model, tokenizer) ->
         translator("w1", num_return_sequences=2)
 
 
+def test_pipeline_refuses_an_input_longer_than_the_model_takes_unless_truncating(model, tokenizer) -> None:
+    """As ``hf-vanilla-translate``: an input of more tokens than ``max_position_embeddings`` is refused in
+    one line (the model would compute positions for it and translate it badly); ``truncation=True`` cuts it
+    to the limit, which gives what the first ``limit`` tokens give."""
+    translator = pipeline(hf_vanilla.PIPELINE_TASK, model=model, tokenizer=tokenizer)
+    limit = model.config.max_position_embeddings
+    settings = {"num_beams": 1, "max_new_tokens": 3}
+    longest = " ".join(["w1", "w2"] * limit)
+    assert len(tokenizer(longest).input_ids) > limit
+    with pytest.raises(
+        ValueError, match=rf"^An input of \d+ tokens is longer than the model's longest input of {limit} "
+    ):
+        translator(longest, **settings)
+    with pytest.raises(ValueError, match="longest input"):
+        translator(["w1", longest], batch_size=2, **settings)
+    cut = tokenizer(longest, truncation=True, max_length=limit).input_ids
+    assert len(cut) == limit
+    with torch.no_grad():
+        ids = model.generate(input_ids=torch.tensor([cut]), **settings)
+    expected = {"translation_text": tokenizer.decode(ids[0], skip_special_tokens=True)}
+    assert translator(longest, truncation=True, **settings) == expected
+    fits = " ".join(["w1"] * (limit - 1))  # with </s>: exactly the limit
+    assert (
+        len(tokenizer(fits).input_ids) == limit
+        and translator(fits, **settings)["translation_text"] is not None
+    )
+
+
 def test_plain_save_pretrained_writes_a_self_contained_folder(tokenizer, tmp_path: Path) -> None:
     """``save_pretrained`` as users (and the stock Trainer, ``push_to_hub``) call it, of a model built from a
     config or loaded from a folder (whose config carries the loaded ``auto_map`` and ``custom_pipelines``):

@@ -37,8 +37,9 @@ class VanillaTranslationPipeline(Pipeline):
     """Translate a string or a list of strings; each result is ``{"translation_text": str}``.
 
     Call arguments: ``batch_size`` (sentences per ``generate()`` call, padded together),
-    ``truncation`` (cut inputs at the tokenizer's ``model_max_length``), and any ``generate()``
-    argument (``num_beams``, ``max_new_tokens``, ``length_penalty``, ...).
+    ``truncation`` (cut inputs at the model's longest input, ``max_position_embeddings``; without it a
+    longer input is refused), and any ``generate()`` argument (``num_beams``, ``max_new_tokens``,
+    ``length_penalty``, ...).
     """
 
     _pipeline_calls_generate = True
@@ -69,12 +70,29 @@ class VanillaTranslationPipeline(Pipeline):
         return preprocess_params, generate_kwargs, {}
 
     def preprocess(self, text: str, truncation: bool = False) -> dict[str, Any]:
+        """The tokens of ``text``, refused in one line when there are more than the model's longest input
+        (its ``max_position_embeddings``), as ``hf-vanilla-translate`` refuses them, unless ``truncation``
+        cuts them there: the model computes positions for any length, but translates such an input badly."""
         if not isinstance(text, str):
             raise ValueError(
                 f"{type(self).__name__} translates strings; got {type(text).__name__}. Pass a string or a list "
                 "of strings."
             )
-        return self.tokenizer(text, truncation=truncation, return_tensors="pt")
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        encoded = self.tokenizer(
+            text,
+            truncation=truncation,
+            max_length=limit if truncation else None,
+            return_tensors="pt",
+            verbose=False,
+        )
+        length = encoded["input_ids"].shape[-1]
+        if limit is not None and length > limit:
+            raise ValueError(
+                f"An input of {length} tokens is longer than the model's longest input of {limit} tokens (its "
+                "max_position_embeddings): split the sentence, or pass truncation=True to cut it there."
+            )
+        return encoded
 
     def _forward(self, model_inputs: dict[str, Any], **generate_kwargs: Any) -> dict[str, Any]:
         # Batched inputs arrive padded by the pipeline's collate function (attention_mask included).
