@@ -301,6 +301,10 @@ def summarize_training(model_dir: str | Path) -> str:
     if state.get("epoch") is not None:
         parts.append(f"({float(state['epoch']):.1f} epochs)")
     text = " ".join(parts) + f" {how}."
+    if record is None:  # a stock script's run may have fine-tuned weights trained elsewhere before
+        text += (
+            " These are the steps of the run that wrote the folder; training before that run is not recorded."
+        )
     if state.get("best_metric") is not None and state.get("best_model_checkpoint"):
         text += f" Best validation metric during training: {float(state['best_metric']):.2f}."
     return text
