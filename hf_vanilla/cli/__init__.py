@@ -46,6 +46,7 @@ import math
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -60,6 +61,7 @@ __all__ = [
     "add_debug_flag",
     "configure_logging",
     "parse_arguments",
+    "quiet_onnx_exporter",
     "quiet_unused_torchao",
     "refuse_non_finite",
     "run_cli",
@@ -182,6 +184,30 @@ def quiet_unused_torchao() -> None:
         return
     logging.getLogger("torchao").setLevel(logging.ERROR)
     logging.getLogger("torch.utils._pytree").addFilter(_TORCHAO_ENUMS)  # a filter is added once
+
+
+class _TorchvisionSkipped(logging.Filter):
+    """Drops the ONNX exporter's notes that torchvision's operators are skipped because torchvision is
+    not installed (detection operators: ``nms``, ``roi_align``, ...; this model has none)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("torchvision is not installed")
+
+
+_TORCHVISION_SKIPPED = _TorchvisionSkipped()
+
+
+def quiet_onnx_exporter() -> None:
+    """Keep torch's ONNX exporter's messages that do not concern this model out of ``hf-vanilla-export-onnx``'s
+    output: four lines per graph saying that torchvision's detection operators are skipped, and the
+    ``FutureWarning`` torch's own pytree code raises about ``LeafSpec`` (torch calling its deprecated API,
+    nothing the user wrote). Everything else still shows, and with ``--debug`` these too."""
+    if _debugging:
+        return
+    logging.getLogger("torch.onnx._internal.exporter._registration").addFilter(_TORCHVISION_SKIPPED)
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )
 
 
 #: Whether the running command was given ``--debug`` (set by :func:`run_cli`).

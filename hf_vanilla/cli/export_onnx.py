@@ -15,7 +15,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from hf_vanilla.cli import parse_arguments, run_cli
+from hf_vanilla.cli import parse_arguments, quiet_onnx_exporter, run_cli
 from hf_vanilla.interop.options import check_model_dir
 from hf_vanilla.io.atomic import OVERWRITE_HELP, refuse_to_replace
 
@@ -35,6 +35,7 @@ def _run(argv: list[str]) -> None:
     from hf_vanilla.interop.export_onnx import export_onnx
 
     check_model_dir(args.model_dir)
+    quiet_onnx_exporter()
     refuse_to_replace(args.output_dir, args.overwrite, "--output_dir", inputs=[args.model_dir])
     model, tokenizer = load_model_and_tokenizer(  # a CTranslate2 export: named as one (io.safe_loading)
         InferenceModelArguments(model_name_or_path=args.model_dir, device="cpu", backend="transformers")

@@ -79,3 +79,37 @@ def test_documented_onnx_command_runs_as_written(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     written = {path.name for path in (tmp_path / "demo_output_onnx").iterdir()}
     assert {"encoder.onnx", "decoder_with_past.onnx", "config.json"} <= written
+    # its output holds its own messages: the weights' loading bar and hf_vanilla's lines, nothing of torch's
+    foreign = [
+        line
+        for line in result.stderr.splitlines()
+        if line.strip() and not ("hf_vanilla" in line or "Loading weights" in line)
+    ]
+    assert foreign == [], foreign
+
+
+def test_quiet_onnx_exporter_drops_only_the_notes_that_do_not_concern_the_model() -> None:
+    """What :func:`hf_vanilla.cli.quiet_onnx_exporter` drops (torch's ONNX exporter on torch 2.13): the
+    "torchvision is not installed" notes and torch's own ``LeafSpec`` FutureWarning; other messages of
+    the same logger and other FutureWarnings still show."""
+    import logging
+    import warnings
+
+    from hf_vanilla.cli import quiet_onnx_exporter
+
+    quiet_onnx_exporter()
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        logger.warning("torchvision is not installed. Skipping torchvision::nms")
+        logger.warning("Something else about the export")
+    finally:
+        logger.removeHandler(handler)
+    assert [record.getMessage() for record in records] == ["Something else about the export"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning, stacklevel=1)
+        warnings.warn("another deprecation", FutureWarning, stacklevel=1)
+    assert [str(warning.message) for warning in caught] == ["another deprecation"]
