@@ -195,13 +195,13 @@ def verify_model_folder(folder: str | Path, *, checksums: bool = True) -> None:
             verify_safetensors_file(folder / shard)
     else:
         pickled = sorted(folder.glob("pytorch_model*.bin"))
-        export = _export_kind(folder)
-        if not pickled and export is not None:
-            raise CheckpointError(
-                f"{str(folder)!r} is {export[0]}, not a transformers model folder: this command needs the folder "
-                f"it was exported from. {export[1]}"
-            )
         if not pickled:
+            export = _export_kind(folder)
+            if export is not None:
+                raise CheckpointError(
+                    f"{str(folder)!r} is {export[0]}, not a transformers model folder: this command needs the "
+                    f"folder it was exported from. {export[1]}"
+                )
             raise CorruptCheckpointError(
                 f"{str(folder)!r} holds no weights (no model.safetensors, index or pytorch_model.bin)."
                 f"{damaged_file_hint(single)}"
