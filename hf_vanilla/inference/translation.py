@@ -52,6 +52,7 @@ __all__ = [
     "check_input_length",
     "format_nbest",
     "longest_input",
+    "one_line",
     "translate",
     "translate_nbest",
 ]
@@ -78,6 +79,14 @@ class InputTooLongError(ValueError):
             f"{where}: {length} tokens, more than the model's longest input of {limit} tokens "
             "(its max_position_embeddings, the tokenizer's model_max_length). Split the sentence."
         )
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line: each line boundary that ``str.splitlines()`` knows (``\\n``, ``\\r``, ``\\r\\n``,
+    ``\\x0b``, ``\\x0c``, ``\\x1c``-``\\x1e``, ``\\x85``, U+2028, U+2029) becomes a space, and the ends are
+    stripped. A byte-level tokenizer can decode a hypothesis into text holding them; every translation
+    goes through here, so that each input line gives exactly one output line."""
+    return " ".join(text.splitlines()).strip()
 
 
 def check_input_length(
@@ -186,7 +195,7 @@ def translate_nbest(
         for i, hypotheses in zip(indices, outputs, strict=True):
             texts = tokenizer.batch_decode([row for row, _ in hypotheses], skip_special_tokens=True)
             results[i] = [
-                Hypothesis(text.strip(), score) for text, (_, score) in zip(texts, hypotheses, strict=True)
+                Hypothesis(one_line(text), score) for text, (_, score) in zip(texts, hypotheses, strict=True)
             ]
         done += len(indices)
         logger.debug("translated %d/%d sentences", done, len(order))

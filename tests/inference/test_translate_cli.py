@@ -398,3 +398,87 @@ def test_ctrl_c_ends_the_command_with_status_130_and_one_line(folder: Path) -> N
     # Its one line ends stderr (before it: the loading's own warnings and progress bars).
     assert err.splitlines()[-1] == "interrupted" and err.count("interrupted") == 1, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+
+
+# --------------------------------------------------------------------------------------------------
+# One output line per input line
+# --------------------------------------------------------------------------------------------------
+#: Every line boundary ``str.splitlines()`` knows; a byte-level tokenizer can decode a token into any.
+SEPARATORS = ("\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
+
+
+@pytest.fixture(scope="module")
+def separator_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model folder whose tokenizer has a token ``a<separator>b`` for each of :data:`SEPARATORS`,
+    and whose model is biased to emit them (``a\\nb`` most)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    vocab |= {f"w{i}": i + 4 for i in range(96 - len(SEPARATORS))}
+    vocab |= {f"a{separator}b": len(vocab) + k for k, separator in enumerate(SEPARATORS)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    model = tiny_model(seed=0, final_logits_bias=True)
+    with torch.no_grad():
+        model.final_logits_bias[0, -len(SEPARATORS) :] = 8.0
+        model.final_logits_bias[0, vocab["a\nb"]] = 9.0
+    path = tmp_path_factory.mktemp("separators") / "model"
+    save_model_folder(model, tokenizer, path)
+    return path
+
+
+SEPARATED_LINES = ["w1 w2", "", "w3", "w4 w5 w6", "w7 w8", "w9"]
+
+
+@pytest.mark.parametrize("backend", ["transformers", "ctranslate2"])
+def test_each_input_line_gives_one_output_line_whatever_the_tokens_decode_to(
+    separator_folder: Path, tmp_path: Path, backend: str
+) -> None:
+    """Hypotheses that decode to text holding line separators still give one output line per input
+    line (``--nbest N``: N lines), through the command, with either backend; the separators become spaces."""
+    from hf_vanilla.cli.translate import main
+
+    model = separator_folder
+    if backend == "ctranslate2":
+        pytest.importorskip("ctranslate2")
+        from hf_vanilla.interop.export_ctranslate2 import export_ctranslate2
+
+        model = Path(export_ctranslate2(separator_folder, tmp_path / "ct2"))
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in SEPARATED_LINES), encoding="utf-8")
+    common = ["--model_name_or_path", str(model), "--device", "cpu", "--input_file", str(tmp_path / "in.txt"),
+              "--max_length", "4", "--num_beams", "2"]  # fmt: skip
+    assert main([*common, "--output_file", str(tmp_path / "out.txt")]) == 0
+    assert main([*common, "--output_file", str(tmp_path / "out.nbest"), "--nbest", "2"]) == 0
+    lines = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == len(SEPARATED_LINES) and lines[1] == ""
+    assert all("a b" in line for k, line in enumerate(lines) if k != 1), lines  # the tokens were emitted
+    rows = [line.split("\t") for line in (tmp_path / "out.nbest").read_text(encoding="utf-8").splitlines()]
+    assert [row[0] for row in rows] == ["0", "0", "1", "2", "2", "3", "3", "4", "4", "5", "5"]
+    assert all(len(row) == 3 for row in rows)
+
+
+def test_evaluate_writes_one_hypothesis_line_per_segment(separator_folder: Path, tmp_path: Path) -> None:
+    from hf_vanilla.cli.evaluate_bleu import main as evaluate
+
+    lines = [line for line in SEPARATED_LINES if line]
+    for side in ("en", "de"):
+        (tmp_path / f"val.{side}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    assert evaluate(["--model_name_or_path", str(separator_folder), "--validation_files", str(tmp_path / "val"),
+                     "--source_lang", "en", "--target_lang", "de", "--device", "cpu", "--num_beams", "1",
+                     "--output_dir", str(tmp_path / "eval")]) == 0  # fmt: skip
+    hypotheses = (tmp_path / "eval" / "validation.hyp.de").read_text(encoding="utf-8").splitlines()
+    results = json.loads((tmp_path / "eval" / "validation.results.json").read_text(encoding="utf-8"))
+    assert len(hypotheses) == results["num_segments"] == len(lines)
+    assert all("a b" in hypothesis for hypothesis in hypotheses), hypotheses
+
+
+def test_one_line_turns_every_line_boundary_into_a_space() -> None:
+    from hf_vanilla.inference.translation import one_line
+
+    for separator in SEPARATORS:
+        assert one_line(f" a{separator}b{separator}") == "a b"
