@@ -35,6 +35,8 @@ through :func:`run_cli`:
 * Nothing that exists is replaced unless ``--overwrite`` is given
   (:func:`hf_vanilla.io.atomic.refuse_to_replace`), and outputs are written under a temporary
   name and renamed into place when complete, so a refused or failed run leaves them as they were.
+  Without ``--overwrite`` that rename does not replace an output that appeared while the command ran
+  (:class:`hf_vanilla.io.atomic.OutputAppearedError`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hf_vanilla.cli.parsing import DataclassArgumentParser
+from hf_vanilla.io.atomic import forget_new_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -270,6 +273,7 @@ def run_cli(
         _say("error: " + " ".join(str(err).split()))  # one line, also for multi-line messages
         return 1
     finally:
+        forget_new_outputs()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return 0

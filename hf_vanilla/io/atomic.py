@@ -1,13 +1,21 @@
 """Atomic writes: a file or folder is written under a temporary name and renamed into place when
-complete, and nothing that exists is replaced without ``overwrite``."""
+complete, and nothing that exists is replaced without ``overwrite``.
+
+Without ``overwrite``, :func:`refuse_to_replace` checks an output before any work and records it as
+new; the final rename of :func:`atomic_file` and :func:`publish_directory` (so :func:`atomic_directory`
+and :func:`save_pretrained_atomic`) keeps that promise atomically: a file or folder that appeared at the
+path while the command ran (another command writing the same output) is never replaced. The result is
+then kept beside it under a new name, and :class:`OutputAppearedError` says where.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TextIO
 
@@ -15,6 +23,7 @@ from hf_vanilla.io.checksums import write_checksums
 
 __all__ = [
     "OVERWRITE_HELP",
+    "OutputAppearedError",
     "atomic_directory",
     "atomic_file",
     "publish_directory",
@@ -31,9 +40,15 @@ def publish_directory(staged: str | Path, final: str | Path) -> Path:
 
     ``final`` is at every moment either the old complete folder, absent (between two renames), or
     the new complete folder — never a mixture. Only a folder is replaced: anything else at ``final``
-    (a file, a symbolic link) raises ``FileExistsError`` and stays as it was. Returns ``final``.
+    (a file, a symbolic link) raises ``FileExistsError`` and stays as it was. A ``final`` that
+    :func:`refuse_to_replace` found new (no ``overwrite``) is not replaced unless it is an empty folder:
+    :class:`OutputAppearedError`. Returns ``final``.
     """
     staged, final = Path(staged), Path(final)
+    if _claimed(final):
+        _publish_new(staged, final, os.rename)  # replaces an empty folder only, atomically
+        _fsync_dir(final.parent)
+        return final
     old = None
     if os.path.lexists(final):
         found = _kind_of(final)
@@ -60,6 +75,62 @@ def _kind_of(path: Path) -> str:
     return "file" if path.is_file() else "pipe or device"
 
 
+#: Outputs that :func:`refuse_to_replace` found absent (or an empty folder) without ``overwrite``, by
+#: absolute path, with what its messages call them; each is dropped when written.
+_NEW_OUTPUTS: dict[Path, str] = {}
+
+
+class OutputAppearedError(FileExistsError):
+    """An output that was new when the command started exists when its result is ready; ``kept`` is
+    where the result was put instead."""
+
+    def __init__(self, what: str, final: Path, kept: Path) -> None:
+        self.final, self.kept = final, kept
+        super().__init__(
+            f"{what} {str(final)!r} appeared while this command ran (another command wrote it?) and was left as "
+            f"it is; this command's result was kept as {str(kept)!r}. Move one of them away, or run again "
+            "with --overwrite to replace it."
+        )
+
+
+def _claimed(final: Path) -> bool:
+    return final.absolute() in _NEW_OUTPUTS
+
+
+def forget_new_outputs() -> None:
+    """Forget which outputs :func:`refuse_to_replace` recorded as new (:func:`hf_vanilla.cli.run_cli`
+    calls it when a command ends, so that commands run in one process do not share them)."""
+    _NEW_OUTPUTS.clear()
+
+
+def _link(staged: Path, final: Path) -> None:
+    """Give the file ``staged`` the name ``final`` too, failing with ``FileExistsError`` if it exists."""
+    try:
+        os.link(staged, final)
+    except OSError as err:  # a file system without hard links: check, then rename (a narrow window)
+        if err.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+            raise
+        if os.path.lexists(final):
+            raise FileExistsError(errno.EEXIST, "exists", str(final)) from None
+        os.replace(staged, final)
+        return
+    staged.unlink()
+
+
+def _publish_new(staged: Path, final: Path, move: Callable[[Path, Path], None]) -> None:
+    """``move(staged, final)``, which must fail with ``OSError`` where ``final`` holds something; then
+    keep ``staged`` under a new name beside ``final`` and raise :class:`OutputAppearedError`."""
+    what = _NEW_OUTPUTS.pop(final.absolute())
+    try:
+        move(staged, final)
+    except OSError as err:
+        if err.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+            raise
+        kept = final.with_name(f"{final.name}.new-{uuid.uuid4().hex[:8]}")
+        os.rename(staged, kept)
+        raise OutputAppearedError(what, final, kept) from None
+
+
 def refuse_to_replace(
     path: str | Path,
     overwrite: bool,
@@ -76,7 +147,8 @@ def refuse_to_replace(
     as Hub ids, are skipped), a folder that is or holds the current folder, an existing path of another kind (``--overwrite`` never replaces a file
     with a folder or the reverse, nor a symbolic link or a pipe), and a file name ending in ``/``.
     Without ``overwrite`` it raises ``FileExistsError`` if ``path`` exists (an empty folder does not
-    count).
+    count), and records ``path`` as new: the final rename of :func:`atomic_file` or
+    :func:`publish_directory` will not replace what appears there meanwhile.
     """
     text = str(path)
     path = Path(path)
@@ -107,7 +179,11 @@ def refuse_to_replace(
                 f"{what} {text!r} is a {found}, and this command writes a {kind} there; nothing was changed "
                 f"(--overwrite never replaces a {found} with a {kind}). Choose another path, or {fix}."
             )
-    if overwrite or not path.exists() or (path.is_dir() and not any(path.iterdir())):
+    if overwrite:
+        _NEW_OUTPUTS.pop(path.absolute(), None)
+        return
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        _NEW_OUTPUTS[path.absolute()] = what
         return
     raise FileExistsError(
         f"{what} {text!r} already exists (a {kind}); nothing was changed. Choose another path, or pass "
@@ -133,7 +209,9 @@ def _refuse_own_input(output: Path, what: str, inputs: Iterable[str | Path | Non
 def atomic_file(final: str | Path, binary: bool = False) -> Iterator[TextIO | BinaryIO]:
     """A file (UTF-8 text, or bytes with ``binary``) written under a temporary name beside ``final``
     and renamed to ``final`` only if the block succeeds: ``final`` is the old file (or absent) until
-    the new one is complete. Folders made for it are removed again if the block fails."""
+    the new one is complete. Folders made for it are removed again if the block fails. A ``final``
+    that :func:`refuse_to_replace` found new (no ``overwrite``) is never replaced: see
+    :class:`OutputAppearedError`."""
     final = Path(final)
     with _new_parents(final):
         staged = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
@@ -142,7 +220,10 @@ def atomic_file(final: str | Path, binary: bool = False) -> Iterator[TextIO | Bi
                 yield handle
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(staged, final)
+            if _claimed(final):
+                _publish_new(staged, final, _link)
+            else:
+                os.replace(staged, final)
         finally:
             staged.unlink(missing_ok=True)
 
