@@ -38,6 +38,7 @@ import datasets
 from transformers import PreTrainedTokenizerBase
 
 from hf_vanilla.data.loading import DataArguments
+from hf_vanilla.io.atomic import full_disk_named
 
 logger = logging.getLogger(__name__)
 
@@ -130,9 +131,10 @@ def build_cache(
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     try:
-        for split, dataset in data.items():
-            tokenize(dataset, cache_file_name=str(partial / f"{split}.arrow"))
-        (partial / _MANIFEST).write_text(json.dumps({"splits": list(data)}), encoding="utf-8")
+        with full_disk_named(folder, "no cache was written (the data is tokenized again next time)"):
+            for split, dataset in data.items():
+                tokenize(dataset, cache_file_name=str(partial / f"{split}.arrow"))
+            (partial / _MANIFEST).write_text(json.dumps({"splits": list(data)}), encoding="utf-8")
         try:
             partial.rename(folder)
         except OSError:  # another node's main process finished the same cache first (shared file system)

@@ -6,6 +6,10 @@ new; the final rename of :func:`atomic_file` and :func:`publish_directory` (so :
 and :func:`save_pretrained_atomic`) keeps that promise atomically: a file or folder that appeared at the
 path while the command ran (another command writing the same output) is never replaced. The result is
 then kept beside it under a new name, and :class:`OutputAppearedError` says where.
+
+A write that fails for want of space (:func:`is_disk_full`) raises :class:`DiskFullError`, one message
+naming the output and what was kept, after the partial temporary is removed: every writer here, and
+the checkpoint writer of :mod:`hf_vanilla.training.resilience`, goes through :func:`full_disk_named`.
 """
 
 from __future__ import annotations
@@ -23,9 +27,12 @@ from hf_vanilla.io.checksums import write_checksums
 
 __all__ = [
     "OVERWRITE_HELP",
+    "DiskFullError",
     "OutputAppearedError",
     "atomic_directory",
     "atomic_file",
+    "full_disk_named",
+    "is_disk_full",
     "publish_directory",
     "refuse_to_replace",
     "save_pretrained_atomic",
@@ -216,7 +223,10 @@ def atomic_file(final: str | Path, binary: bool = False) -> Iterator[TextIO | Bi
     with _new_parents(final):
         staged = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
-            with staged.open("wb") if binary else staged.open("w", encoding="utf-8") as handle:
+            with (
+                full_disk_named(final, _what_stays(final)),
+                staged.open("wb") if binary else staged.open("w", encoding="utf-8") as handle,
+            ):
                 yield handle
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -243,6 +253,77 @@ def _new_parents(final: Path) -> Iterator[None]:
         raise
 
 
+class DiskFullError(OSError):
+    """No space was left on the disk while an output was written; the message names the output and
+    what was kept. ``errno`` is ``ENOSPC``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.errno = errno.ENOSPC
+
+
+#: What torch's checkpoint writer (its zip writer, ``inline_container.cc``) says when a write fails; it
+#: does not say why.
+_TORCH_WRITE_FAILED = ("inline_container", "file write failed", "PytorchStreamWriter failed")
+
+#: Free space below which a write failure that does not say why is taken for a full disk.
+_NEARLY_FULL = 1 << 20
+
+
+def is_disk_full(error: BaseException, folder: str | Path) -> bool:
+    """Whether ``error``, raised while writing into ``folder``, comes from a full disk: an ``OSError``
+    ``ENOSPC`` or ``EDQUOT`` in its chain, a message saying "No space left on device" (safetensors'
+    ``SafetensorError`` wraps the ``OSError`` so), or torch's zip writer failing (:data:`_TORCH_WRITE_FAILED`)
+    while the file system of ``folder`` has less than 1 MiB free."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in text or "os error 28" in text:
+            return True
+        if isinstance(current, RuntimeError) and any(sign in text for sign in _TORCH_WRITE_FAILED):
+            with contextlib.suppress(OSError):
+                stats = os.statvfs(_existing(Path(folder)))
+                if stats.f_bavail * stats.f_frsize < _NEARLY_FULL:
+                    return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _what_stays(final: Path) -> str:
+    if os.path.lexists(final):
+        return f"the old {_kind_of(final)} there is untouched"
+    return "nothing was written there"
+
+
+@contextlib.contextmanager
+def full_disk_named(target: str | Path, kept: str) -> Iterator[None]:
+    """Turn an error of the block that comes from a full disk (:func:`is_disk_full`) into
+    :class:`DiskFullError` naming ``target`` (the file or folder being written) and saying ``kept`` (what
+    stays as it was, e.g. "the previous checkpoints are untouched"). Use it inside the block that removes
+    the partial temporary, so that the free space is judged before it is freed."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as error:
+        if not is_disk_full(error, Path(target).parent):
+            raise
+        raise DiskFullError(
+            f"No space left on the disk while writing {str(target)!r} (the disk is full): {kept}, and the "
+            "partial temporary copy was removed. Free some space, or write elsewhere, and run again."
+        ) from error
+
+
 def _fsync_dir(path: Path) -> None:
     if hasattr(os, "O_DIRECTORY"):
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -266,9 +347,10 @@ def atomic_directory(final: str | Path, *, checksums: bool = False) -> Iterator[
         staged = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
         staged.mkdir()
         try:
-            yield staged
-            if checksums:
-                write_checksums(staged)
+            with full_disk_named(final, _what_stays(final)):
+                yield staged
+                if checksums:
+                    write_checksums(staged)
             publish_directory(staged, final)
         finally:
             if staged.exists():

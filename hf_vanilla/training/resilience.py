@@ -38,7 +38,7 @@ import os
 import shutil
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from hf_vanilla.io.atomic import publish_directory
+from hf_vanilla.io.atomic import DiskFullError, full_disk_named, publish_directory
 from hf_vanilla.io.checksums import write_checksums
 from hf_vanilla.io.safe_loading import TRAINER_STATE_NAME, verify_checkpoint
 from hf_vanilla.training.checkpoints import (
@@ -63,6 +63,20 @@ logger = logging.getLogger(__name__)
 
 
 __all__ = ["NonFiniteTrainingError", "ResilientTrainerMixin", "SaveOnSignalCallback", "StoppedBySignal"]
+
+
+@contextlib.contextmanager
+def _removed_when_the_disk_is_full(
+    staged: Path, target: Path, kept: str = "the previous checkpoints are untouched"
+) -> Iterator[None]:
+    """Raise :class:`~hf_vanilla.io.atomic.DiskFullError` naming ``target`` when the block fails for want of
+    space, after removing what was staged of it (:func:`~hf_vanilla.io.atomic.full_disk_named`)."""
+    try:
+        with full_disk_named(target, kept):
+            yield
+    except DiskFullError:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
 
 
 class NonFiniteTrainingError(ValueError):
@@ -230,17 +244,19 @@ class ResilientTrainerMixin:
         accelerator.wait_for_everyone()
         self._staging_run_dir = str(staging_root)
         try:
-            super()._save_checkpoint(model, trial)  # type: ignore[misc]
+            with _removed_when_the_disk_is_full(staged, final):
+                super()._save_checkpoint(model, trial)  # type: ignore[misc]
         finally:
             self._staging_run_dir = None
         accelerator.wait_for_everyone()
         if args.should_save:
             best = state.best_model_checkpoint
-            if best is not None and Path(best).parent == staging_root:
-                state.best_model_checkpoint = str(run_dir / Path(best).name)
-                state.save_to_json(str(staged / TRAINER_STATE_NAME))
-            if self.checkpoint_checksums:
-                write_checksums(staged)
+            with _removed_when_the_disk_is_full(staged, final):
+                if best is not None and Path(best).parent == staging_root:
+                    state.best_model_checkpoint = str(run_dir / Path(best).name)
+                    state.save_to_json(str(staged / TRAINER_STATE_NAME))
+                if self.checkpoint_checksums:
+                    write_checksums(staged)
             publish_directory(staged, final)
             with contextlib.suppress(OSError):  # not empty: another save is staged; left for later
                 staging_root.rmdir()
@@ -265,7 +281,8 @@ class ResilientTrainerMixin:
         if args.should_save and staged.exists():
             shutil.rmtree(staged)
         self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
-        super().save_model(str(staged), _internal_call=False)  # type: ignore[misc]
+        with _removed_when_the_disk_is_full(staged, target, "the files already in it are untouched"):
+            super().save_model(str(staged), _internal_call=False)  # type: ignore[misc]
         self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
         if args.should_save:
             for path in sorted(staged.rglob("*"), key=lambda p: len(p.parts), reverse=True):

@@ -3,11 +3,15 @@ disk, and numbers they cannot honour refused in one line naming the flag."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from helpers import tiny_model, word_tokenizer
 
 from hf_vanilla.hub.folder import save_model_folder
@@ -105,3 +109,110 @@ def test_a_folder_that_appears_during_an_export_is_not_replaced(
     monkeypatch.setattr(export, "limit_tokenizer_length", _appearing(empty.mkdir, original))
     assert main(["--model_dir", str(model_dir), "--output_dir", str(empty)]) == 0
     assert (empty / "model.bin").stat().st_size > 1000
+
+
+# --------------------------------------------------------------------------------------------------
+# A full disk
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1200 KiB file system (tmpfs), so that writing fills it for real; mounting needs root."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(folder)], capture_output=True, text=True
+        )
+    except FileNotFoundError:
+        pytest.skip("no mount command here: a full disk is tested on a small tmpfs")
+    if done.returncode != 0:
+        pytest.skip(
+            f"cannot mount a small tmpfs here ({done.stderr.strip()}): a full disk needs root to test"
+        )
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def _fill(disk: Path) -> None:
+    """Take all the free space of ``disk``."""
+    descriptor = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(descriptor, b"\0" * 4096)
+    finally:
+        os.close(descriptor)
+
+
+def _full_disk_line(err: str, target: Path, kept: str) -> None:
+    assert err == (
+        f"error: No space left on the disk while writing {str(target)!r} (the disk is full): {kept}, and the "
+        "partial temporary copy was removed. Free some space, or write elsewhere, and run again."
+    )
+
+
+def test_a_full_disk_during_translation_is_one_line_and_keeps_the_old_output(
+    model_dir: Path, small_disk: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hf_vanilla.cli.translate import main
+
+    (small_disk.parent / "in.txt").write_text("w1 w2\nw3\n", encoding="utf-8")
+    out = small_disk / "out.txt"
+    out.write_text(THEIRS)
+    _fill(small_disk)
+    argv = ["--model_name_or_path", str(model_dir), "--device", "cpu", "--num_beams", "1", "--max_length", "3",
+            "--input_file", str(small_disk.parent / "in.txt"), "--output_file", str(out), "--overwrite"]  # fmt: skip
+    assert main(argv) == 1
+    _full_disk_line(capsys.readouterr().err.strip().splitlines()[-1], out, "the old file there is untouched")
+    assert out.read_text() == THEIRS
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "out.txt"]
+
+
+def test_torch_s_writer_on_a_full_disk_is_named_as_a_full_disk(small_disk: Path) -> None:
+    """torch's zip writer says only "enforce fail at inline_container.cc" when the disk is full."""
+    from hf_vanilla.io.atomic import DiskFullError, atomic_directory
+
+    with pytest.raises(DiskFullError) as error, atomic_directory(small_disk / "average") as staged:
+        torch.save({"weights": torch.zeros(1 << 20)}, staged / "optimizer.pt")
+    assert "inline_container" in str(error.value.__cause__) or "file write failed" in str(
+        error.value.__cause__
+    )
+    assert str(error.value).startswith(
+        f"No space left on the disk while writing {str(small_disk / 'average')!r}"
+    )
+    assert list(small_disk.iterdir()) == []
+
+
+def test_a_checkpoint_on_a_full_disk_is_one_line_and_keeps_the_previous_one(
+    small_disk: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The disk holds one checkpoint of the tiny run (about 800 KiB) but not two: the second save fails
+    in torch's writer (optimizer.pt), and the run ends in one line; checkpoint-1 stays whole."""
+    from hf_vanilla.cli.train import main
+    from hf_vanilla.training.checkpoints import find_complete_checkpoints
+
+    root = small_disk.parent
+    word_tokenizer().save_pretrained(root / "tokenizer")
+    (root / "data.tsv").write_text(
+        "".join(f"w{i} w{i + 1} w{i + 2}\tw{i + 2} w{i + 1} w{i}\n" for i in range(16)), encoding="utf-8"
+    )
+    run = small_disk / "run"
+    argv = [
+        "--train_files", str(root / "data.tsv"), "--source_lang", "en", "--target_lang", "de",
+        "--tokenizer_name_or_path", str(root / "tokenizer"),
+        "--d_model", "32", "--layers", "2", "--attention_heads", "4", "--ffn_dim", "64",
+        "--max_steps", "2", "--save_steps", "1", "--warmup_steps", "1", "--learning_rate", "1e-3",
+        "--per_device_train_batch_size", "4", "--eval_strategy", "no", "--do_eval", "false",
+        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--dataloader_num_workers", "0",
+        "--output_dir", str(run),
+    ]  # fmt: skip
+    assert main(argv) == 1
+    _full_disk_line(
+        capsys.readouterr().err.strip().splitlines()[-1],
+        run / "checkpoint-2",
+        "the previous checkpoints are untouched",
+    )
+    assert [p.name for p in find_complete_checkpoints(run)] == ["checkpoint-1"]
+    assert not list(run.glob(".incomplete-checkpoints/*"))
