@@ -130,9 +130,11 @@ def evaluate_translations(
     generate_kwargs: dict[str, Any] | None = None,
     bleu_tokenize: str = "13a",
     tokenized_bleu_tokenizer: str | None = None,
+    max_tokens: int = 0,
 ) -> dict[str, Any]:
     """Translate ``sources``, score them against ``references`` (BLEU with sacreBLEU's ``bleu_tokenize``)
-    and optionally write the hypotheses. With ``tokenized_bleu_tokenizer`` (``"13a"`` or ``"intl"``) the
+    and optionally write the hypotheses. ``batch_size`` and ``max_tokens`` batch the translation as in
+    :func:`~hf_vanilla.inference.translation.translate`. With ``tokenized_bleu_tokenizer`` (``"13a"`` or ``"intl"``) the
     paper's tokenized BLEU with compound splitting is added (:func:`hf_vanilla.analysis.tokenized_bleu.tokenized_bleu`).
 
     Returns:
@@ -150,7 +152,9 @@ def evaluate_translations(
     decoding = decoding_record(model, options)
     logger.info("Translating %d segments: %s", len(sources), decoding["description"])
     start = time.perf_counter()
-    hypotheses = translate(model, tokenizer, sources, options, batch_size, device, generate_kwargs)
+    hypotheses = translate(
+        model, tokenizer, sources, options, batch_size, device, generate_kwargs, max_tokens=max_tokens
+    )
     decoding_seconds = time.perf_counter() - start
     logger.info("Translated %d segments in %.1f s", len(sources), decoding_seconds)
     if hypotheses_file is not None:

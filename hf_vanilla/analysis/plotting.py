@@ -50,12 +50,28 @@ __all__ = [
 ]
 
 
+#: The most pixels a picture may have (100 million: 400 MB to draw); far more than any screen or print
+#: needs, and a larger one is refused before drawing, which would exhaust the memory.
+LARGEST_PICTURE = 100_000_000
+
+#: The most values the positional-encoding picture draws (positions × d_model).
+LARGEST_ENCODING = 1 << 24
+
+
 def _save(fig: Figure, path: str | Path, dpi: int) -> Path:
     """Render ``fig`` on an Agg canvas and write it as a PNG file (creating parent folders; under a
     temporary name, renamed into place when written)."""
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"Pictures are written as PNG: give a path ending in .png, got {str(path)!r}.")
+    if dpi < 1:
+        raise ValueError(f"--dpi {dpi}: give a positive resolution, in dots per inch (e.g. 100).")
+    width, height = (int(inches * dpi) for inches in fig.get_size_inches())
+    if width * height > LARGEST_PICTURE:
+        raise ValueError(
+            f"--dpi {dpi}: the picture would be {width} × {height} pixels; give a lower resolution (a few hundred "
+            f"at most; the picture may have at most {LARGEST_PICTURE:,} pixels)."
+        )
     FigureCanvasAgg(fig)
     with atomic_file(path, binary=True) as handle:
         fig.savefig(handle, dpi=dpi, format="png")
@@ -368,7 +384,13 @@ def plot_positional_encoding(
     if encoding is None:
         if num_positions <= 0 or d_model <= 0 or d_model % 2:
             raise ValueError(
-                f"Need a positive number of positions and a positive even d_model, got {num_positions}, {d_model}."
+                f"--num_positions {num_positions}, --d_model {d_model}: give a positive number of positions and a "
+                "positive, even d_model."
+            )
+        if num_positions * d_model > LARGEST_ENCODING:
+            raise ValueError(
+                f"--num_positions {num_positions} × d_model {d_model}: more values than the picture can show (at "
+                f"most {LARGEST_ENCODING:,}); give fewer positions (or a smaller --d_model)."
             )
         encoding = sinusoidal_position_encoding(torch.arange(num_positions), d_model).numpy()
     encoding = np.asarray(encoding, dtype=np.float32)

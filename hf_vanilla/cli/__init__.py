@@ -27,7 +27,8 @@ through :func:`run_cli`:
   debug``) lets the exception propagate with its traceback. Anything else (a bug) propagates as it is.
 * A number option given ``nan`` or ``inf`` is refused in one line naming it
   (:func:`refuse_non_finite`, run by :func:`parse_arguments` and by the commands with their own parser):
-  argparse's ``float`` accepts both, and they decode or train into garbage without an error.
+  argparse's ``float`` accepts both, and they decode or train into garbage without an error. So is an
+  integer beyond 64 bits, which argparse's ``int`` accepts and torch cannot hold.
 * Ctrl-C ends in ``interrupted`` and status 130, SIGTERM (``kill``, a scheduler) in ``terminated``
   and status 143, after the same clean-up: temporary files and staged folders are removed and every
   existing output stays as it was (training first saves a checkpoint; see
@@ -104,9 +105,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     """``--help`` of every command: the module docstring as written, and each option's default."""
 
 
+#: The largest integer an option may be: a 64-bit integer's (torch's ``long``); a larger one overflows deep in
+#: torch or numpy.
+_LARGEST_INT = 2**63 - 1
+
+
 def refuse_non_finite(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """Raise ``ValueError`` naming the first option of ``parser`` (an ``argparse`` parser) that ``argv`` gives a non-finite number (``nan``, ``inf``,
-    ``-inf``), before any of the command's dataclasses is built. Defaults are the program's own and
+    ``-inf``) or an integer beyond 64 bits, before any of the command's dataclasses is built. Defaults are the program's own and
     are not checked."""
     namespace, _ = parser.parse_known_args(list(argv))
     for name, value in vars(namespace).items():
@@ -117,6 +123,11 @@ def refuse_non_finite(parser: argparse.ArgumentParser, argv: Sequence[str]) -> N
                 raise ValueError(
                     f"--{name} {item}: not a finite number. Give an ordinary number (nan and inf are refused: "
                     "they decode or train into garbage)."
+                )
+            if isinstance(item, int) and not isinstance(item, bool) and abs(item) > _LARGEST_INT:
+                raise ValueError(
+                    f"--{name} {item}: too large a number (beyond 64 bits, which torch and the libraries below it "
+                    "hold). Give a smaller one."
                 )
 
 

@@ -72,6 +72,10 @@ def _run(argv: list[str]) -> None:
         return
     if args.output_dir is None:
         parser.error("--output_dir is required: the folder for the averaged model.")
+    if args.run_dir is not None and args.last_n < 1:
+        raise ValueError(
+            f"--last_n {args.last_n}: give a positive number of checkpoints to average (paper: 5)."
+        )
     from hf_vanilla.training.averaging import average_checkpoints, average_last_checkpoints  # torch
 
     if args.checkpoints is not None:

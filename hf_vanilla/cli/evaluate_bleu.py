@@ -103,11 +103,17 @@ def _run(argv: list[str]) -> None:
     )
     from hf_vanilla.data.loading import load_from_args, pair_location
     from hf_vanilla.inference.loading import load_model_and_tokenizer
-    from hf_vanilla.inference.translation import InputTooLongError
+    from hf_vanilla.inference.translation import InputTooLongError, check_batching
 
     if eval_args.bleu_tokenize != "auto":
         check_bleu_tokenize(eval_args.bleu_tokenize)
     check_tokenized_bleu(eval_args.tokenized_bleu)
+    check_batching(model_args.batch_size, model_args.max_tokens)
+    if data_args.max_eval_samples is not None and data_args.max_eval_samples < 1:
+        raise ValueError(
+            f"--max_eval_samples {data_args.max_eval_samples}: evaluation scores at least 1 segment; give 1 or "
+            "more, or leave it out to score the whole split."
+        )
     test_set = eval_args.sacrebleu_test_set
     if test_set and eval_args.language_pair:
         if eval_args.language_pair.count("-") != 1:
@@ -145,6 +151,7 @@ def _run(argv: list[str]) -> None:
             dataset_name=eval_args.dataset_display_name or dataset_name,
             options=decoding,
             batch_size=model_args.batch_size,
+            max_tokens=model_args.max_tokens,
             device=model_args.device,
             bleu_tokenize=bleu_tokenize,
             tokenized_bleu_tokenizer=eval_args.tokenized_bleu,

@@ -12,6 +12,7 @@ __all__ = [
     "BACKENDS",
     "DTYPE_NAMES",
     "EARLY_STOPPING",
+    "LARGEST_LENGTH_PENALTY",
     "LENGTH_PENALTY_TYPES",
     "DecodingOptions",
     "Hypothesis",
@@ -21,6 +22,10 @@ __all__ = [
 ]
 
 LENGTH_PENALTY_TYPES = ("hf", "gnmt")
+
+#: The largest length penalty α either way: |Y|^α fits a float for any output length |Y| (beyond it, a
+#: long output's |Y|^α overflows in beam search; usual values are 0.6 to 2).
+LARGEST_LENGTH_PENALTY = 10.0
 
 #: ``--early_stopping`` values and what ``generate()`` receives for each.
 EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
@@ -58,8 +63,15 @@ class DecodingOptions:
                 "'hf' = log P / |Y|^α inside beam search, 'gnmt' = log P / ((5 + |Y|) / 6)^α as n-best rescoring."
             )
         refuse_non_finite({"length_penalty": self.length_penalty})
+        if abs(self.length_penalty) > LARGEST_LENGTH_PENALTY:
+            raise ValueError(
+                f"--length_penalty {self.length_penalty}: at most {LARGEST_LENGTH_PENALTY} either way; beyond it "
+                "|Y|^α overflows for long outputs (§6.1 uses 0.6, Hugging Face's default is 1.0)."
+            )
         if not isinstance(self.num_beams, int) or self.num_beams < 1:
-            raise ValueError(f"`num_beams` must be a positive integer, got {self.num_beams!r}.")
+            raise ValueError(
+                f"--num_beams {self.num_beams!r}: give a positive beam size (1: greedy decoding)."
+            )
         if self.length_penalty_type == "gnmt" and self.num_beams < 2:
             raise ValueError("GNMT length-penalty rescoring needs an n-best list: use num_beams >= 2.")
 

@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "InputTooLongError",
+    "check_batching",
     "check_input_length",
     "format_nbest",
     "longest_input",
@@ -78,6 +79,17 @@ class InputTooLongError(ValueError):
         super().__init__(
             f"{where}: {length} tokens, more than the model's longest input of {limit} tokens "
             "(its max_position_embeddings, the tokenizer's model_max_length). Split the sentence."
+        )
+
+
+def check_batching(batch_size: int, max_tokens: int) -> None:
+    """Refuse a batch size below 1 or a negative token budget, naming the flag (``--batch_size``,
+    ``--max_tokens``) of the commands that pass them on."""
+    if batch_size < 1:
+        raise ValueError(f"--batch_size {batch_size}: give a positive number of sentences per batch.")
+    if max_tokens < 0:
+        raise ValueError(
+            f"--max_tokens {max_tokens}: give 0 (no token budget) or a positive number of tokens."
         )
 
 
@@ -117,6 +129,19 @@ def _batches(
         yield batch
 
 
+def _within_the_bound(generate_kwargs: dict[str, Any], model: Any, longest: int) -> dict[str, Any]:
+    """``generate_kwargs`` with a ``max_new_tokens`` above the batch's own bound (its longest source, of
+    ``longest`` tokens, + the model's ``max_length_offset``) lowered to that bound: the outputs are the same,
+    and ``generate()`` does not allocate for a length no output can reach (``--max_length 2147483647``)."""
+    cap = generate_kwargs.get("max_new_tokens")
+    offset = generate_kwargs.get(
+        "max_length_offset", getattr(model.generation_config, "max_length_offset", None)
+    )
+    if cap is None or isinstance(offset, bool) or not isinstance(offset, int):
+        return generate_kwargs
+    return {**generate_kwargs, "max_new_tokens": min(cap, longest + offset)}
+
+
 def translate_nbest(
     model: Any,
     tokenizer: Any,
@@ -142,10 +167,7 @@ def translate_nbest(
         return translate_nbest(
             model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, nbest, max_tokens
         )[0]
-    if batch_size < 1:
-        raise ValueError(f"`batch_size` must be a positive integer, got {batch_size}.")
-    if max_tokens < 0:
-        raise ValueError(f"`max_tokens` must be 0 (no budget) or positive, got {max_tokens}.")
+    check_batching(batch_size, max_tokens)
     if tokenizer.pad_token_id is None:
         raise ValueError(
             "The tokenizer has no pad token: set tokenizer.pad_token (e.g. '<pad>') before translating."
@@ -189,8 +211,9 @@ def translate_nbest(
             )
         else:
             batch = tokenizer.pad({"input_ids": [ids[i] for i in indices]}, return_tensors="pt").to(device)
+            kwargs = _within_the_bound(generate_kwargs, model, lengths[indices[0]])
             outputs = generate_hypotheses(
-                model, batch["input_ids"], batch["attention_mask"], options, nbest, **generate_kwargs
+                model, batch["input_ids"], batch["attention_mask"], options, nbest, **kwargs
             )
         for i, hypotheses in zip(indices, outputs, strict=True):
             texts = tokenizer.batch_decode([row for row, _ in hypotheses], skip_special_tokens=True)

@@ -216,3 +216,80 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_keeps_the_previous_one(
     )
     assert [p.name for p in find_complete_checkpoints(run)] == ["checkpoint-1"]
     assert not list(run.glob(".incomplete-checkpoints/*"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Numbers that cannot be honoured
+# --------------------------------------------------------------------------------------------------
+HUGE = str(10**30)
+
+#: (command, its arguments beyond the common ones, the start of the one error line).
+NUMBER_CASES = [
+    ("translate", ["--num_beams", HUGE], f"--num_beams {HUGE}: too large a number"),
+    ("translate", ["--num_beams", "0"], "--num_beams 0: give a positive beam size"),
+    ("translate", ["--batch_size", "0"], "--batch_size 0: give a positive number"),
+    ("translate", ["--max_tokens", "-1"], "--max_tokens -1: give 0"),
+    ("translate", ["--max_length", HUGE], f"--max_length {HUGE}: too large a number"),
+    ("translate", ["--nbest", HUGE], f"--nbest {HUGE}: too large a number"),
+    ("translate", ["--length_penalty", "1e308"], "--length_penalty 1e+308: at most 10.0 either way"),
+    ("evaluate", ["--max_tokens", "-1"], "--max_tokens -1: give 0"),
+    ("evaluate", ["--max_eval_samples", "0"], "--max_eval_samples 0: evaluation scores at least 1 segment"),
+    ("evaluate", ["--num_beams", HUGE], f"--num_beams {HUGE}: too large a number"),
+    ("average", ["--last_n", "0"], "--last_n 0: give a positive number of checkpoints"),
+    ("average", ["--last_n", HUGE], f"--last_n {HUGE}: too large a number"),
+    ("plot", ["--dpi", "0"], "--dpi 0: give a positive resolution"),
+    ("plot", ["--dpi", "100000"], "--dpi 100000: the picture would be 1000000 × 500000 pixels"),
+    ("plot", ["--num_positions", HUGE], f"--num_positions {HUGE}: too large a number"),
+    ("plot", ["--num_positions", "10000000"], "--num_positions 10000000 × d_model 512: more values than"),
+    ("plot", ["--d_model", "0"], "--num_positions 100, --d_model 0: give a positive number"),
+]
+
+
+@pytest.mark.parametrize(("command", "extra", "message"), NUMBER_CASES)
+def test_a_number_that_cannot_be_honoured_is_one_line_naming_the_flag(
+    model_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    extra: list[str],
+    message: str,
+) -> None:
+    from hf_vanilla.cli.average_checkpoints import main as average
+    from hf_vanilla.cli.evaluate_bleu import main as evaluate
+    from hf_vanilla.cli.plot import main as plot
+    from hf_vanilla.cli.translate import main as translate
+
+    (tmp_path / "val.en").write_text("w1 w2\nw3\n", encoding="utf-8")
+    (tmp_path / "val.de").write_text("w1 w2\nw3\n", encoding="utf-8")
+    (tmp_path / "run" / "checkpoint-1").mkdir(parents=True)
+    model = ["--model_name_or_path", str(model_dir), "--device", "cpu"]
+    mains = {
+        "translate": (translate, [*model, "--input_file", str(tmp_path / "val.en"), "--output_file",
+                                  str(tmp_path / "out.txt"), "--max_length", "3"]),
+        "evaluate": (evaluate, [*model, "--validation_files", str(tmp_path / "val"), "--source_lang", "en",
+                                "--target_lang", "de", "--output_dir", str(tmp_path / "eval")]),
+        "average": (average, ["--run_dir", str(tmp_path / "run"), "--output_dir", str(tmp_path / "average")]),
+        "plot": (plot, ["--positional_encoding", "--output_dir", str(tmp_path / "plots")]),
+    }  # fmt: skip
+    main, argv = mains[command]
+    before = sorted(tmp_path.rglob("*"))
+    assert main([*argv, *extra]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: {message}"), err[-1]
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_a_length_cap_beyond_the_model_s_bound_changes_nothing(model_dir: Path) -> None:
+    """``--max_length`` above input length + 50 caps nothing: the translations are the uncapped ones, and
+    generate() is not asked for room for 2^40 tokens (it would try to allocate it)."""
+    from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+    from hf_vanilla.inference.options import DecodingOptions
+    from hf_vanilla.inference.translation import translate
+
+    model, tokenizer = load_model_and_tokenizer(InferenceModelArguments(str(model_dir), device="cpu"))
+    lines = ["w1 w2 w3", "w4", "w5 w6"]
+    for options in (DecodingOptions(num_beams=1), DecodingOptions(num_beams=2)):
+        expected = translate(model, tokenizer, lines, options)
+        assert (
+            translate(model, tokenizer, lines, options, generate_kwargs={"max_new_tokens": 2**40}) == expected
+        )
