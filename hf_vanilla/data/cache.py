@@ -38,7 +38,7 @@ import datasets
 from transformers import PreTrainedTokenizerBase
 
 from hf_vanilla.data.loading import DataArguments
-from hf_vanilla.io.atomic import full_disk_named
+from hf_vanilla.io.atomic import TEMPORARY_REMOVED, full_disk_named
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,8 @@ def build_cache(
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     try:
-        with full_disk_named(folder, "no cache was written (the data is tokenized again next time)"):
+        kept = f"no cache was written (the data is tokenized again next time), {TEMPORARY_REMOVED}"
+        with full_disk_named(folder, kept):
             for split, dataset in data.items():
                 tokenize(dataset, cache_file_name=str(partial / f"{split}.arrow"))
             (partial / _MANIFEST).write_text(json.dumps({"splits": list(data)}), encoding="utf-8")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from hf_vanilla.data.text import text_lines
 from hf_vanilla.inference.options import DecodingOptions
 from hf_vanilla.inference.translation import InputTooLongError, format_nbest, translate_nbest
-from hf_vanilla.io.atomic import atomic_file, refuse_to_replace
+from hf_vanilla.io.atomic import atomic_file, full_disk_named, refuse_to_replace
 
 if TYPE_CHECKING:
     import torch
@@ -86,6 +86,10 @@ def translate_stream(
     count = 0
     with contextlib.ExitStack() as stack:
         in_stream = _stdin_reader() if from_stdin else stack.enter_context(open(source, "rb"))
+        if to_stdout:  # a file has its own (atomic_file)
+            stack.enter_context(
+                full_disk_named("<stdout>", "what was written before the disk filled up stays")
+            )
         out_stream = sys.stdout if to_stdout else stack.enter_context(atomic_file(output))
         lines = text_lines(in_stream, name)
         buffers = _buffers(lines, chunk_lines, pause) if streamed else _chunks(lines, chunk_lines)

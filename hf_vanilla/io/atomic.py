@@ -299,17 +299,22 @@ def _existing(path: Path) -> Path:
     return path
 
 
+#: The end of what :func:`full_disk_named` says was kept, where a partial temporary copy is removed.
+TEMPORARY_REMOVED = "and the partial temporary copy was removed"
+
+
 def _what_stays(final: Path) -> str:
     if os.path.lexists(final):
-        return f"the old {_kind_of(final)} there is untouched"
-    return "nothing was written there"
+        return f"the old {_kind_of(final)} there is untouched, {TEMPORARY_REMOVED}"
+    return f"nothing was written there, {TEMPORARY_REMOVED}"
 
 
 @contextlib.contextmanager
 def full_disk_named(target: str | Path, kept: str) -> Iterator[None]:
     """Turn an error of the block that comes from a full disk (:func:`is_disk_full`) into
     :class:`DiskFullError` naming ``target`` (the file or folder being written) and saying ``kept`` (what
-    stays as it was, e.g. "the previous checkpoints are untouched"). Use it inside the block that removes
+    stays as it was and what was removed, e.g. "the previous checkpoints are untouched, and the partial
+    temporary copy was removed"). Use it inside the block that removes
     the partial temporary, so that the free space is judged before it is freed."""
     try:
         yield
@@ -319,8 +324,8 @@ def full_disk_named(target: str | Path, kept: str) -> Iterator[None]:
         if not is_disk_full(error, Path(target).parent):
             raise
         raise DiskFullError(
-            f"No space left on the disk while writing {str(target)!r} (the disk is full): {kept}, and the "
-            "partial temporary copy was removed. Free some space, or write elsewhere, and run again."
+            f"No space left on the disk while writing {str(target)!r} (the disk is full): {kept}. Free some "
+            "space, or write elsewhere, and run again."
         ) from error
 
 

@@ -47,7 +47,7 @@ from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from hf_vanilla.io.atomic import DiskFullError, full_disk_named, publish_directory
+from hf_vanilla.io.atomic import TEMPORARY_REMOVED, DiskFullError, full_disk_named, publish_directory
 from hf_vanilla.io.checksums import write_checksums
 from hf_vanilla.io.safe_loading import TRAINER_STATE_NAME, verify_checkpoint
 from hf_vanilla.training.checkpoints import (
@@ -72,7 +72,7 @@ def _removed_when_the_disk_is_full(
     """Raise :class:`~hf_vanilla.io.atomic.DiskFullError` naming ``target`` when the block fails for want of
     space, after removing what was staged of it (:func:`~hf_vanilla.io.atomic.full_disk_named`)."""
     try:
-        with full_disk_named(target, kept):
+        with full_disk_named(target, f"{kept}, {TEMPORARY_REMOVED}"):
             yield
     except DiskFullError:
         shutil.rmtree(staged, ignore_errors=True)

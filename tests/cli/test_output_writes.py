@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from helpers import tiny_model, word_tokenizer
 from hf_vanilla.hub.folder import save_model_folder
 
 THEIRS = "written by another command\n"
+
+REMOVED = "and the partial temporary copy was removed"
 
 
 @pytest.fixture(scope="module")
@@ -146,10 +149,10 @@ def _fill(disk: Path) -> None:
         os.close(descriptor)
 
 
-def _full_disk_line(err: str, target: Path, kept: str) -> None:
+def _full_disk_line(err: str, target: Path | str, kept: str) -> None:
     assert err == (
-        f"error: No space left on the disk while writing {str(target)!r} (the disk is full): {kept}, and the "
-        "partial temporary copy was removed. Free some space, or write elsewhere, and run again."
+        f"error: No space left on the disk while writing {str(target)!r} (the disk is full): {kept}. Free some "
+        "space, or write elsewhere, and run again."
     )
 
 
@@ -165,9 +168,33 @@ def test_a_full_disk_during_translation_is_one_line_and_keeps_the_old_output(
     argv = ["--model_name_or_path", str(model_dir), "--device", "cpu", "--num_beams", "1", "--max_length", "3",
             "--input_file", str(small_disk.parent / "in.txt"), "--output_file", str(out), "--overwrite"]  # fmt: skip
     assert main(argv) == 1
-    _full_disk_line(capsys.readouterr().err.strip().splitlines()[-1], out, "the old file there is untouched")
+    _full_disk_line(
+        capsys.readouterr().err.strip().splitlines()[-1], out, "the old file there is untouched, " + REMOVED
+    )
     assert out.read_text() == THEIRS
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "out.txt"]
+
+
+def test_translations_to_a_full_stdout_end_in_one_line(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``hf-vanilla-translate > /dev/full``: stdout is named as what could not be written."""
+    from hf_vanilla.cli.translate import main
+
+    (tmp_path / "in.txt").write_text("w1 w2\nw3\n", encoding="utf-8")
+    full = open("/dev/full", "w", encoding="utf-8")  # noqa: SIM115 (every write: ENOSPC; closed below)
+    monkeypatch.setattr(sys, "stdout", full)
+    argv = ["--model_name_or_path", str(model_dir), "--device", "cpu", "--num_beams", "1", "--max_length", "3",
+            "--input_file", str(tmp_path / "in.txt")]  # fmt: skip
+    assert main(argv) == 1
+    monkeypatch.undo()
+    with contextlib.suppress(OSError):  # what is still buffered cannot be written either
+        full.close()
+    _full_disk_line(
+        capsys.readouterr().err.strip().splitlines()[-1],
+        "<stdout>",
+        "what was written before the disk filled up stays",
+    )
 
 
 def test_torch_s_writer_on_a_full_disk_is_named_as_a_full_disk(small_disk: Path) -> None:
@@ -212,7 +239,7 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_keeps_the_previous_one(
     _full_disk_line(
         capsys.readouterr().err.strip().splitlines()[-1],
         run / "checkpoint-2",
-        "the previous checkpoints are untouched",
+        "the previous checkpoints are untouched, " + REMOVED,
     )
     assert [p.name for p in find_complete_checkpoints(run)] == ["checkpoint-1"]
     assert not list(run.glob(".incomplete-checkpoints/*"))
