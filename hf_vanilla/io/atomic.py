@@ -27,6 +27,7 @@ from hf_vanilla.io.checksums import write_checksums
 
 __all__ = [
     "OVERWRITE_HELP",
+    "TEMPORARY_REMOVED",
     "DiskFullError",
     "OutputAppearedError",
     "atomic_directory",
@@ -314,8 +315,8 @@ def full_disk_named(target: str | Path, kept: str) -> Iterator[None]:
     """Turn an error of the block that comes from a full disk (:func:`is_disk_full`) into
     :class:`DiskFullError` naming ``target`` (the file or folder being written) and saying ``kept`` (what
     stays as it was and what was removed, e.g. "the previous checkpoints are untouched, and the partial
-    temporary copy was removed"). Use it inside the block that removes
-    the partial temporary, so that the free space is judged before it is freed."""
+    temporary copy was removed"). Use it inside the block that removes the partial temporary, so that
+    the free space is judged before it is freed."""
     try:
         yield
     except DiskFullError:
