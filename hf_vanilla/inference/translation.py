@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "InputTooLongError",
+    "TranslationOutOfMemoryError",
     "check_batching",
     "check_input_length",
     "format_nbest",
@@ -129,6 +130,26 @@ def _batches(
         yield batch
 
 
+class TranslationOutOfMemoryError(ValueError):
+    """A batch did not fit in memory; the message names the flags that make batches smaller."""
+
+    def __init__(self, sentences: int, longest: int, num_beams: int) -> None:
+        super().__init__(
+            f"Out of memory translating a batch of {sentences} sentence(s) of up to {longest} tokens with "
+            f"--num_beams {num_beams}: lower --batch_size, set a --max_tokens budget (a batch's sentences × "
+            "its longest), or lower --num_beams."
+        )
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` says that memory ran out: ``MemoryError`` (CTranslate2's ``std::bad_alloc``),
+    torch's ``OutOfMemoryError`` (CUDA) or its CPU allocator's "can't allocate memory"."""
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    text = str(error)
+    return "can't allocate memory" in text or "out of memory" in text
+
+
 def _within_the_bound(generate_kwargs: dict[str, Any], model: Any, longest: int) -> dict[str, Any]:
     """``generate_kwargs`` with a ``max_new_tokens`` above the batch's own bound (its longest source, of
     ``longest`` tokens, + the model's ``max_length_offset``) lowered to that bound: the outputs are the same,
@@ -161,7 +182,8 @@ def translate_nbest(
     ``model`` is a transformers model or a :class:`CTranslate2Model` (then ``generate_kwargs`` may only
     hold ``max_new_tokens``). Batches hold at most ``batch_size`` sentences and, with ``max_tokens``, at
     most that many padded source tokens. A sentence longer than :func:`longest_input` raises
-    :class:`InputTooLongError` before anything is translated.
+    :class:`InputTooLongError` before anything is translated; a batch that does not fit in memory
+    :class:`TranslationOutOfMemoryError`.
     """
     if isinstance(sentences, str):  # one sentence, not a sequence of one-character sentences
         return translate_nbest(
@@ -205,16 +227,27 @@ def translate_nbest(
     order = sorted(todo, key=lambda i: lengths[i], reverse=True)
     done = 0
     for indices in _batches(order, lengths, batch_size, max_tokens):
-        if ct2:
-            outputs = model.generate_hypotheses(
-                tokenizer, [ids[i] for i in indices], options, nbest, generate_kwargs.get("max_new_tokens")
-            )
-        else:
-            batch = tokenizer.pad({"input_ids": [ids[i] for i in indices]}, return_tensors="pt").to(device)
-            kwargs = _within_the_bound(generate_kwargs, model, lengths[indices[0]])
-            outputs = generate_hypotheses(
-                model, batch["input_ids"], batch["attention_mask"], options, nbest, **kwargs
-            )
+        try:
+            if ct2:
+                outputs = model.generate_hypotheses(
+                    tokenizer,
+                    [ids[i] for i in indices],
+                    options,
+                    nbest,
+                    generate_kwargs.get("max_new_tokens"),
+                )
+            else:
+                batch = tokenizer.pad({"input_ids": [ids[i] for i in indices]}, return_tensors="pt").to(
+                    device
+                )
+                kwargs = _within_the_bound(generate_kwargs, model, lengths[indices[0]])
+                outputs = generate_hypotheses(
+                    model, batch["input_ids"], batch["attention_mask"], options, nbest, **kwargs
+                )
+        except (MemoryError, RuntimeError) as error:  # torch's OutOfMemoryError is a RuntimeError
+            if not _out_of_memory(error):
+                raise
+            raise TranslationOutOfMemoryError(len(indices), lengths[indices[0]], options.num_beams) from error
         for i, hypotheses in zip(indices, outputs, strict=True):
             texts = tokenizer.batch_decode([row for row, _ in hypotheses], skip_special_tokens=True)
             results[i] = [

@@ -320,3 +320,26 @@ def test_a_length_cap_beyond_the_model_s_bound_changes_nothing(model_dir: Path) 
         assert (
             translate(model, tokenizer, lines, options, generate_kwargs={"max_new_tokens": 2**40}) == expected
         )
+
+
+def test_a_batch_that_does_not_fit_in_memory_is_one_line_naming_the_flags(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A beam or batch too large for the memory (CUDA's OutOfMemoryError; on the CPU torch's allocator says
+    "can't allocate memory") ends in one line naming the flags that make batches smaller."""
+    import hf_vanilla.inference.decoding as decoding
+    from hf_vanilla.cli.translate import main
+
+    def out_of_memory(*args: Any, **kwargs: Any) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(decoding, "generate_hypotheses", out_of_memory)
+    (tmp_path / "in.txt").write_text("w1 w2\nw3\n", encoding="utf-8")
+    argv = ["--model_name_or_path", str(model_dir), "--device", "cpu", "--num_beams", "8", "--input_file",
+            str(tmp_path / "in.txt"), "--output_file", str(tmp_path / "out.txt")]  # fmt: skip
+    assert main(argv) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: Out of memory translating a batch of 2 sentence(s) of up to 3 tokens with --num_beams 8: lower "
+        "--batch_size, set a --max_tokens budget (a batch's sentences × its longest), or lower --num_beams."
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
