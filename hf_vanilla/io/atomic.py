@@ -191,7 +191,7 @@ def refuse_to_replace(
         _NEW_OUTPUTS.pop(path.absolute(), None)
         return
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
-        _NEW_OUTPUTS[path.absolute()] = what
+        _NEW_OUTPUTS.setdefault(path.absolute(), what)  # the first check names the flag
         return
     raise FileExistsError(
         f"{what} {text!r} already exists (a {kind}); nothing was changed. Choose another path, or pass "
