@@ -69,8 +69,9 @@ def translate_stream(
     model's longest input) raises ``ValueError`` naming the file and line.
     An output file that exists is refused (``FileExistsError``) unless ``overwrite``; the output is
     written under a temporary name beside it and renamed into place when every line is translated,
-    so it is complete or absent (an old one stays as it was) — never partial. Returns the number of
-    lines translated.
+    so it is complete or absent (an old one stays as it was) — never partial. Without ``overwrite``, a
+    file that appeared there meanwhile is not replaced either
+    (:class:`~hf_vanilla.io.atomic.OutputAppearedError`). Returns the number of lines translated.
     """
     if chunk_lines < 1:
         raise ValueError(f"--buffer_size must be at least 1 line, got {chunk_lines}.")
