@@ -343,3 +343,23 @@ def test_a_batch_that_does_not_fit_in_memory_is_one_line_naming_the_flags(
         "--batch_size, set a --max_tokens budget (a batch's sentences × its longest), or lower --num_beams."
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_a_tokenized_data_cache_on_a_full_disk_is_named_and_removed(small_disk: Path) -> None:
+    import datasets
+
+    from hf_vanilla.data.cache import build_cache
+    from hf_vanilla.io.atomic import DiskFullError
+
+    data = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"x": ["w1 w2"] * 20_000})})
+
+    def tokenize(dataset: datasets.Dataset, cache_file_name: str) -> datasets.Dataset:
+        return dataset.map(lambda row: {"ids": [7] * 50}, cache_file_name=cache_file_name)
+
+    with pytest.raises(DiskFullError) as error:
+        build_cache(small_disk / "cache" / "fingerprint", data, tokenize)
+    assert str(error.value).startswith(
+        f"No space left on the disk while writing {str(small_disk / 'cache' / 'fingerprint')!r} (the disk is full): "
+        "no cache was written"
+    )
+    assert list((small_disk / "cache").iterdir()) == []
