@@ -212,6 +212,41 @@ def test_torch_s_writer_on_a_full_disk_is_named_as_a_full_disk(small_disk: Path)
     assert list(small_disk.iterdir()) == []
 
 
+def _train_argv(root: Path, output_dir: Path, *extra: str) -> list[str]:
+    """A 2-layer, d_model 32 training run on 16 pairs (its tokenizer and data written into ``root``)."""
+    word_tokenizer().save_pretrained(root / "tokenizer")
+    (root / "data.tsv").write_text(
+        "".join(f"w{i} w{i + 1} w{i + 2}\tw{i + 2} w{i + 1} w{i}\n" for i in range(16)), encoding="utf-8"
+    )
+    return [
+        "--train_files", str(root / "data.tsv"), "--source_lang", "en", "--target_lang", "de",
+        "--tokenizer_name_or_path", str(root / "tokenizer"),
+        "--d_model", "32", "--layers", "2", "--attention_heads", "4", "--ffn_dim", "64",
+        "--warmup_steps", "1", "--learning_rate", "1e-3",
+        "--per_device_train_batch_size", "4", "--eval_strategy", "no", "--do_eval", "false",
+        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--dataloader_num_workers", "0",
+        "--output_dir", str(output_dir), *extra,
+    ]  # fmt: skip
+
+
+def test_the_final_model_on_a_full_disk_is_one_line(
+    small_disk: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Training without checkpoints on a disk with about 150 KiB free: the final model (its weights alone
+    take 184 KiB) cannot be saved, and the run ends in one line naming its folder."""
+    from hf_vanilla.cli.train import main
+
+    (small_disk / "filler").write_bytes(b"\0" * (1050 * 1024))
+    run = small_disk / "run"
+    assert main(_train_argv(small_disk.parent, run, "--max_steps", "1", "--save_strategy", "no")) == 1
+    _full_disk_line(
+        capsys.readouterr().err.strip().splitlines()[-1],
+        run,
+        "the files already in it are untouched, " + REMOVED,
+    )
+    assert not list(small_disk.glob("run/.save-*"))
+
+
 def test_a_checkpoint_on_a_full_disk_is_one_line_and_keeps_the_previous_one(
     small_disk: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -221,21 +256,8 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_keeps_the_previous_one(
     from hf_vanilla.training.checkpoints import find_complete_checkpoints
 
     root = small_disk.parent
-    word_tokenizer().save_pretrained(root / "tokenizer")
-    (root / "data.tsv").write_text(
-        "".join(f"w{i} w{i + 1} w{i + 2}\tw{i + 2} w{i + 1} w{i}\n" for i in range(16)), encoding="utf-8"
-    )
     run = small_disk / "run"
-    argv = [
-        "--train_files", str(root / "data.tsv"), "--source_lang", "en", "--target_lang", "de",
-        "--tokenizer_name_or_path", str(root / "tokenizer"),
-        "--d_model", "32", "--layers", "2", "--attention_heads", "4", "--ffn_dim", "64",
-        "--max_steps", "2", "--save_steps", "1", "--warmup_steps", "1", "--learning_rate", "1e-3",
-        "--per_device_train_batch_size", "4", "--eval_strategy", "no", "--do_eval", "false",
-        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--dataloader_num_workers", "0",
-        "--output_dir", str(run),
-    ]  # fmt: skip
-    assert main(argv) == 1
+    assert main(_train_argv(root, run, "--max_steps", "2", "--save_steps", "1")) == 1
     _full_disk_line(
         capsys.readouterr().err.strip().splitlines()[-1],
         run / "checkpoint-2",
