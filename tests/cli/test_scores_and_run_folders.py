@@ -1,20 +1,27 @@
-"""Scores stay bound to the weights they were computed from."""
+"""Scores stay bound to the weights they were computed from, every checkpoint a command is given is
+verified alike, and commands that read a run folder survive a training run rotating its checkpoints."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from helpers import CARD_ARGS, tiny_model, word_tokenizer
+from safetensors.torch import load_file
 
 import hf_vanilla.analysis.evaluation as evaluation
+import hf_vanilla.training.averaging as averaging
+from hf_vanilla.cli.average_checkpoints import main as average_main
 from hf_vanilla.cli.evaluate_bleu import main as evaluate_main
 from hf_vanilla.cli.publish import main as publish_main
-from hf_vanilla.io.checksums import weights_fingerprint
+from hf_vanilla.io.checksums import weights_fingerprint, write_checksums
 
 
 @pytest.fixture
@@ -79,3 +86,111 @@ def test_scores_are_bound_to_the_weights_that_were_translated_with(
     logged = [record.getMessage() for record in caplog.records]
     assert any(str(tmp_path / "hub") in message for message in logged)
     assert not [message for message in logged if ".tmp-" in message or "hf-vanilla-weights-" in message]
+
+
+def _run_folder(tmp: Path, steps: tuple[int, ...] = (1, 2, 3)) -> Path:
+    """Trainer checkpoints as a run writes them: weights, tokenizer, training_args.json, trainer_state.json
+    with a log, and checksums.sha256 over all of it."""
+    run = tmp / "run"
+    for seed, step in enumerate(steps):
+        path = run / f"checkpoint-{step}"
+        tiny_model(seed=seed).save_pretrained(path)
+        word_tokenizer().save_pretrained(path)
+        (path / "training_args.json").write_text(json.dumps({"dataset": "custom"}), encoding="utf-8")
+        state = {
+            "global_step": step,
+            "log_history": [{"step": s, "loss": 1.0 / s} for s in range(1, step + 1)],
+        }
+        (path / "trainer_state.json").write_text(json.dumps(state), encoding="utf-8")
+        write_checksums(path)
+    return run
+
+
+def _flip_a_bit_to_a_huge_finite_weight(weights: Path) -> None:
+    """Flip the top exponent bit of a float32 weight in (0, 1): a finite ~1e37, which no NaN check sees."""
+    data = bytearray(weights.read_bytes())
+    (header_length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + header_length])
+    start = 8 + header_length
+    name = next(k for k, v in sorted(header.items()) if k != "__metadata__" and v["dtype"] == "F32")
+    begin, end = header[name]["data_offsets"]
+    for offset in range(start + begin, start + end, 4):
+        (value,) = struct.unpack("<f", data[offset : offset + 4])
+        if 0 < abs(value) < 1:
+            data[offset + 3] ^= 0x40
+            (flipped,) = struct.unpack("<f", data[offset : offset + 4])
+            assert math.isfinite(flipped) and abs(flipped) > 1e30
+            weights.write_bytes(bytes(data))
+            return
+    raise AssertionError("no weight in (0, 1)")
+
+
+def test_every_checkpoint_given_to_average_is_verified(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One flipped bit in the older of two --checkpoints (its checksums.sha256 still there) is refused in one
+    line naming it, as --run_dir and resuming refuse it."""
+    run = _run_folder(tmp_path, (1, 2))
+    _flip_a_bit_to_a_huge_finite_weight(run / "checkpoint-1" / "model.safetensors")
+    argv = [
+        "--checkpoints",
+        str(run / "checkpoint-1"),
+        str(run / "checkpoint-2"),
+        "--output_dir",
+        str(tmp_path / "avg"),
+    ]
+    assert average_main(argv) == 1
+    line = _error_line(capsys)
+    assert line.startswith("error: ") and str(run / "checkpoint-1" / "model.safetensors") in line
+    assert "sha256" in line and ".pinned-" not in line
+    assert not (tmp_path / "avg").exists()
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-1", "checkpoint-2"]  # no snapshot left
+
+
+def test_a_checkpoint_rotated_away_between_listing_and_reading_is_refused_as_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run_folder(tmp_path)
+    real_find = averaging.find_checkpoints
+
+    def find_then_rotate(run_dir: Path) -> list[Path]:
+        found = real_find(run_dir)
+        shutil.rmtree(found[-2])  # what --save_total_limit does when the run saves its next checkpoint
+        return found
+
+    monkeypatch.setattr(averaging, "find_checkpoints", find_then_rotate)
+    argv = ["--run_dir", str(run), "--last_n", "2", "--output_dir", str(tmp_path / "avg")]
+    assert average_main(argv) == 1
+    line = _error_line(capsys)
+    assert f"{str(run / 'checkpoint-2')!r} was deleted while it was being read" in line
+    assert "damaged" not in line
+    assert not (tmp_path / "avg").exists()
+
+
+def test_a_checkpoint_rotated_away_while_it_is_averaged_leaves_a_whole_average(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoints are pinned before they are read: deleting them mid-read takes nothing away, and the
+    average holds the tokenizer and training_args.json of the newest."""
+    run = _run_folder(tmp_path)
+    chosen = [run / "checkpoint-2", run / "checkpoint-3"]
+    expected = {key: (a + b) / 2 for (key, a), b in zip(load_file(chosen[0] / "model.safetensors").items(),
+                                                       load_file(chosen[1] / "model.safetensors").values(), strict=True)}  # fmt: skip
+    real_load = averaging.load_safetensors_state_dict
+
+    def rotate_then_load(checkpoint: Path) -> dict[str, torch.Tensor]:
+        for path in chosen:
+            shutil.rmtree(path, ignore_errors=True)
+        return real_load(checkpoint)
+
+    monkeypatch.setattr(averaging, "load_safetensors_state_dict", rotate_then_load)
+    argv = ["--run_dir", str(run), "--last_n", "2", "--output_dir", str(tmp_path / "avg")]
+    assert average_main(argv) == 0
+    average = tmp_path / "avg"
+    assert {"tokenizer.json", "tokenizer_config.json", "training_args.json", "model.safetensors"} <= {
+        p.name for p in average.iterdir()
+    }
+    averaged = load_file(average / "model.safetensors")
+    for key, value in expected.items():
+        torch.testing.assert_close(averaged[key], value)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-1"]  # no snapshot left
