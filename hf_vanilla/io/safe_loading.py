@@ -50,6 +50,7 @@ from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
 from hf_vanilla.io.checksums import copy_hashing, fingerprint_of_digests, verify_checksums
 from hf_vanilla.io.errors import (
+    CheckpointDeletedError,
     CheckpointError,
     ConfigMismatchError,
     CorruptCheckpointError,
@@ -63,6 +64,7 @@ __all__ = [
     "check_loading_info",
     "checkpoint_folders",
     "checkpoint_step",
+    "deleted_while_read",
     "load_pretrained_checked",
     "loaded_weights_fingerprint",
     "nonfinite_tensors",
@@ -224,6 +226,22 @@ def checkpoint_step(path: str | Path) -> int | None:
     """The step number of a ``checkpoint-<step>`` folder name, or ``None`` for other names."""
     match = CHECKPOINT_PATTERN.match(Path(path).name)
     return int(match.group(1)) if match else None
+
+
+@contextlib.contextmanager
+def deleted_while_read(folder: str | Path) -> Iterator[None]:
+    """Turn an error raised while reading the Trainer checkpoint ``folder`` (``checkpoint-<step>``) into
+    :class:`CheckpointDeletedError` when the folder existed at the start and is gone at the failure: a
+    training run rotated it away mid-read, so its files went missing, which is not damage. Other
+    folders and errors pass as they are."""
+    folder = Path(folder)
+    existed = checkpoint_step(folder) is not None and folder.is_dir()
+    try:
+        yield
+    except (OSError, ValueError) as err:
+        if existed and not folder.is_dir() and not isinstance(err, CheckpointDeletedError):
+            raise CheckpointDeletedError(folder) from err
+        raise
 
 
 def verify_checkpoint(

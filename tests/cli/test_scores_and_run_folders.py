@@ -17,11 +17,14 @@ from helpers import CARD_ARGS, tiny_model, word_tokenizer
 from safetensors.torch import load_file
 
 import hf_vanilla.analysis.evaluation as evaluation
+import hf_vanilla.analysis.plotting as plotting
+import hf_vanilla.inference.loading as loading
 import hf_vanilla.training.averaging as averaging
 from hf_vanilla.cli.average_checkpoints import main as average_main
 from hf_vanilla.cli.evaluate_bleu import main as evaluate_main
 from hf_vanilla.cli.publish import main as publish_main
 from hf_vanilla.io.checksums import weights_fingerprint, write_checksums
+from hf_vanilla.io.safe_loading import checkpoint_folders
 
 
 @pytest.fixture
@@ -194,3 +197,44 @@ def test_a_checkpoint_rotated_away_while_it_is_averaged_leaves_a_whole_average(
     for key, value in expected.items():
         torch.testing.assert_close(averaged[key], value)
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint-1"]  # no snapshot left
+
+
+def test_plot_reads_the_log_of_the_checkpoint_that_replaced_a_rotated_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _run_folder(tmp_path, (1, 2))
+    listings = []
+
+    def list_then_rotate(run_dir: Path) -> list[Path]:
+        found = checkpoint_folders(run_dir)
+        if not listings:  # the run saves checkpoint-3 and rotates checkpoint-2 away after this listing
+            shutil.copytree(found[-1], run / "checkpoint-3")
+            state = json.loads((run / "checkpoint-3" / "trainer_state.json").read_text(encoding="utf-8"))
+            state["log_history"].append({"step": 3, "loss": 0.25})
+            (run / "checkpoint-3" / "trainer_state.json").write_text(json.dumps(state), encoding="utf-8")
+            shutil.rmtree(found[-1])
+        listings.append(found)
+        return found
+
+    monkeypatch.setattr(plotting, "checkpoint_folders", list_then_rotate)
+    assert [row["step"] for row in plotting.load_log_history(run)] == [1, 2, 3]
+
+
+def test_evaluating_a_checkpoint_rotated_away_mid_read_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run_folder(tmp_path, (1,))
+    checkpoint = run / "checkpoint-1"
+    real_load_tokenizer = loading.load_tokenizer
+
+    def rotate_then_load(*args: Any, **kwargs: Any) -> Any:
+        shutil.rmtree(checkpoint)
+        return real_load_tokenizer(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "load_tokenizer", rotate_then_load)
+    argv = ["--model_name_or_path", str(checkpoint), "--validation_files", str(_pairs(tmp_path)),
+            "--source_lang", "en", "--target_lang", "de", "--device", "cpu"]  # fmt: skip
+    assert evaluate_main(argv) == 1
+    line = _error_line(capsys)
+    assert f"{str(checkpoint)!r} was deleted while it was being read" in line and "damaged" not in line
+    assert not (run / "eval-checkpoint-1").exists()
