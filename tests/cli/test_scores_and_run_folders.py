@@ -15,6 +15,7 @@ import pytest
 import torch
 from helpers import CARD_ARGS, tiny_model, word_tokenizer
 from safetensors.torch import load_file
+from transformers import AutoModelForSeq2SeqLM
 
 import hf_vanilla.analysis.evaluation as evaluation
 import hf_vanilla.analysis.plotting as plotting
@@ -89,6 +90,25 @@ def test_scores_are_bound_to_the_weights_that_were_translated_with(
     logged = [record.getMessage() for record in caplog.records]
     assert any(str(tmp_path / "hub") in message for message in logged)
     assert not [message for message in logged if ".tmp-" in message or "hf-vanilla-weights-" in message]
+
+
+def test_results_that_do_not_name_the_weights_they_scored_are_not_published(
+    model_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model evaluated without being loaded from a folder records a null fingerprint: its scores are not
+    put on the card of a folder's weights, even when the results name that folder."""
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_folder)  # the Python API: no fingerprint
+    tokenizer = word_tokenizer()
+    results, path = evaluation.evaluate_split_into(
+        tmp_path / "eval", model, tokenizer, ["w1 w2"], ["w2 w1"], split="validation", source_lang="en",
+        target_lang="de", model_name=str(model_folder), dataset_name="pairs", device="cpu",
+    )  # fmt: skip
+    assert results["model_sha256"] is None
+    argv = ["--model_name_or_path", str(model_folder), "--results_files", str(path), *CARD_ARGS,
+            "--output_dir", str(tmp_path / "hub")]  # fmt: skip
+    assert publish_main(argv) == 1
+    assert "does not record which weights it scored" in _error_line(capsys)
+    assert not (tmp_path / "hub").exists()
 
 
 def _run_folder(tmp: Path, steps: tuple[int, ...] = (1, 2, 3)) -> Path:
