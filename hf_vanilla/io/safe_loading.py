@@ -444,8 +444,9 @@ def load_pretrained_checked(
     name: str | Path, model_class: Any = AutoModelForSeq2SeqLM, **kwargs: Any
 ) -> PreTrainedModel:
     """``model_class.from_pretrained(name, **kwargs)`` as every command loads a model: a local folder is
-    checked first (:func:`verify_model_folder`: a damaged or unsafe file; :func:`verify_finite_weights`:
-    NaN or inf weights), and any missing, unexpected or mismatched key is refused
+    checked first (:func:`verify_model_folder`: a damaged or unsafe file, or for a ``checkpoint-<step>``
+    folder :func:`verify_checkpoint`, as resuming checks it; :func:`verify_finite_weights`: NaN or inf
+    weights), and any missing, unexpected or mismatched key is refused
     (:func:`check_loading_info`) rather than reported while the model computes garbage. Raises a
     :class:`CheckpointError` (a ``ValueError``) naming the folder.
 
@@ -458,7 +459,10 @@ def load_pretrained_checked(
             )
         check_loading_info(name, info)
         return model
-    verify_model_folder(name)
+    if checkpoint_step(name) is None:
+        verify_model_folder(name)
+    else:  # a Trainer checkpoint is checked as resuming and averaging check it
+        verify_checkpoint(name)
     with pinned_weights(name) as (private, fingerprint):
         try:
             verify_model_folder(private, checksums=False)

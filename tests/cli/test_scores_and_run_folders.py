@@ -258,3 +258,19 @@ def test_evaluating_a_checkpoint_rotated_away_mid_read_says_so(
     line = _error_line(capsys)
     assert f"{str(checkpoint)!r} was deleted while it was being read" in line and "damaged" not in line
     assert not (run / "eval-checkpoint-1").exists()
+
+
+def test_a_checkpoint_loaded_as_a_model_is_checked_as_resuming_checks_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint whose trainer_state.json names another step (files of two saves) is skipped by --run_dir
+    and refused by resuming; evaluating it is refused too, in one line naming the file."""
+    checkpoint = _run_folder(tmp_path, (1,)) / "checkpoint-1"
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 7}), encoding="utf-8")
+    write_checksums(checkpoint)  # the manifest agrees: only the step gives it away
+    argv = ["--model_name_or_path", str(checkpoint), "--validation_files", str(_pairs(tmp_path)),
+            "--source_lang", "en", "--target_lang", "de", "--device", "cpu"]  # fmt: skip
+    assert evaluate_main(argv) == 1
+    line = _error_line(capsys)
+    assert str(checkpoint / "trainer_state.json") in line and "mixes files of two saves" in line
+    assert not (checkpoint.parent / "eval-checkpoint-1").exists()
