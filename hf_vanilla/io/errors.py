@@ -1,4 +1,4 @@
-"""What a damaged or unsafe checkpoint raises, and the hint every such message ends with."""
+"""What a damaged, unsafe or vanished checkpoint raises, and the hint every damage message ends with."""
 
 from __future__ import annotations
 
