@@ -28,7 +28,7 @@ from hf_vanilla.inference.ctranslate2 import CTranslate2Model
 from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.inference.translation import translate
 from hf_vanilla.io.atomic import atomic_file
-from hf_vanilla.io.checksums import weights_fingerprint
+from hf_vanilla.io.safe_loading import loaded_weights_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -285,10 +285,13 @@ def evaluate_split_into(
     **kwargs: Any,
 ) -> tuple[dict[str, Any], Path]:
     """Translate and score one split as ``hf-vanilla-evaluate`` does, writing its :func:`result_files`
-    (existing ones are replaced). The results name the split, the languages, the model (its name and, for a
-    local folder, ``model_sha256``: :func:`hf_vanilla.io.checksums.weights_fingerprint`) and the data, as the
-    model card needs them. Keyword arguments go to :func:`evaluate_translations`. Returns the results and
-    the path of the results file."""
+    (existing ones are replaced). The results name the split, the languages, the model (its name and
+    ``model_sha256``, the fingerprint of the weights ``model`` was built from:
+    :func:`hf_vanilla.io.safe_loading.loaded_weights_fingerprint`, ``None`` for a model not loaded from a
+    local folder by :func:`~hf_vanilla.io.safe_loading.load_pretrained_checked`) and the data, as the model
+    card needs them. The fingerprint is taken from the model, not from the folder after translating: the
+    folder's weights may have been replaced meanwhile. Keyword arguments go to
+    :func:`evaluate_translations`. Returns the results and the path of the results file."""
     hypotheses_file, results_file = result_files(output_dir, split, target_lang)
     results = evaluate_translations(
         model, tokenizer, sources, references, hypotheses_file=hypotheses_file, **kwargs
@@ -298,7 +301,7 @@ def evaluate_split_into(
         source_lang=source_lang,
         target_lang=target_lang,
         model=model_name,
-        model_sha256=weights_fingerprint(model_name),
+        model_sha256=loaded_weights_fingerprint(model),
         dataset_name=dataset_name,
     )
     return results, write_results(results, results_file)

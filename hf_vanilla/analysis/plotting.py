@@ -31,6 +31,7 @@ from tokenizers import decoders
 from hf_vanilla.inference.decoding import paper_generation_kwargs
 from hf_vanilla.inference.translation import check_input_length
 from hf_vanilla.io.atomic import atomic_file
+from hf_vanilla.io.errors import CheckpointDeletedError
 from hf_vanilla.io.safe_loading import checkpoint_folders
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import sinusoidal_position_encoding
 
@@ -422,22 +423,38 @@ def load_log_history(run: str | Path) -> list[dict[str, Any]]:
     """Read ``log_history`` from ``trainer_state.json``.
 
     ``run`` is the file itself, a Trainer ``output_dir`` (the file at its top level, written at the end of
-    training) or a folder whose newest ``checkpoint-*`` subfolder holds it.
+    training) or a folder whose newest ``checkpoint-*`` subfolder holds it. A checkpoint deleted between
+    listing and reading (a training run rotating its checkpoints) makes it list them again; raises
+    :class:`~hf_vanilla.io.errors.CheckpointDeletedError` if that keeps happening.
     """
     run = Path(run)
-    candidates = [run] if run.is_file() else [run / "trainer_state.json"]
-    if run.is_dir():
-        candidates += [c / "trainer_state.json" for c in reversed(checkpoint_folders(run))]  # newest first
-    for candidate in candidates:
-        if candidate.is_file():
-            state = json.loads(candidate.read_text())
-            if "log_history" not in state:
-                raise ValueError(f"{candidate} has no `log_history`: is it a Trainer's trainer_state.json?")
-            return list(state["log_history"])
-    raise FileNotFoundError(
-        f"No trainer_state.json in {run} or its checkpoint-* folders: pass a Trainer output_dir, a checkpoint "
-        "folder or the JSON file itself."
-    )
+    if run.is_file():
+        return _log_history(run)
+    for _ in range(_LISTINGS):  # a training run may rotate the newest checkpoint away while it is read
+        newest_first = [c / "trainer_state.json" for c in reversed(checkpoint_folders(run))]
+        for candidate in [run / "trainer_state.json", *newest_first]:
+            try:
+                return _log_history(candidate)
+            except FileNotFoundError:
+                if candidate.parent != run and not candidate.parent.is_dir():
+                    break  # deleted since it was listed: a newer checkpoint holds the log now
+        else:
+            raise FileNotFoundError(
+                f"No trainer_state.json in {run} or its checkpoint-* folders: pass a Trainer output_dir, a "
+                "checkpoint folder or the JSON file itself."
+            )
+    raise CheckpointDeletedError(candidate.parent)
+
+
+#: How often :func:`load_log_history` lists a run's checkpoints again when the newest is deleted meanwhile.
+_LISTINGS = 3
+
+
+def _log_history(path: Path) -> list[dict[str, Any]]:
+    state = json.loads(path.read_text())
+    if "log_history" not in state:
+        raise ValueError(f"{path} has no `log_history`: is it a Trainer's trainer_state.json?")
+    return list(state["log_history"])
 
 
 def _series(history: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:

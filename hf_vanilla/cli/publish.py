@@ -10,8 +10,9 @@ The folder holds model.safetensors, config.json (auto_map for AutoConfig, AutoMo
 AutoModelForSeq2SeqLM), the modeling code, generation_config.json, the tokenizer and README.md (the model
 card rendered from hf_vanilla/hub/templates/model_card.md, with the scores, the decoding settings and the data's terms of use).
 An existing --output_dir is kept unless --overwrite is given; then it is replaced whole.
-The results files must have scored this model: hf-vanilla-evaluate records a sha256 of the weights
-(model_sha256), which must match the model folder's (older results files: the same folder path).
+The results files must have scored this model: hf-vanilla-evaluate records a sha256 of the weights it
+loaded (model_sha256), which must match that of the weights publish loads from the model folder (older
+results files: the same folder path).
 --dataset (the data the card names) is required, unless the model folder is a training output that
 recorded it (hf-vanilla-train --dataset ...: its training_args.json).
 """

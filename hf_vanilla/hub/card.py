@@ -227,19 +227,29 @@ def _read_result(path: Path) -> dict[str, Any]:
     return result
 
 
-def check_results_model(path: str | Path, result: dict[str, Any], model_dir: str | Path) -> None:
+def check_results_model(
+    path: str | Path, result: dict[str, Any], model_dir: str | Path, weights_sha256: str | None = None
+) -> None:
     """Refuse results that scored another model than ``model_dir``: the weights fingerprint
-    (``model_sha256``, :func:`hf_vanilla.io.checksums.weights_fingerprint`) must match; a file written
-    before fingerprints were recorded must name the same folder (``model``)."""
+    (``model_sha256``, :func:`hf_vanilla.io.checksums.weights_fingerprint`) must match ``weights_sha256``
+    (the fingerprint of the weights loaded for publishing; default: the folder's weights now); a file
+    written before fingerprints were recorded must name the same folder (``model``). Results that record
+    no fingerprint for a folder with weights (a model that was not loaded from a folder) are refused."""
     recorded, named = result.get("model_sha256"), result.get("model")
     redo = f"evaluate it (hf-vanilla-evaluate --model_name_or_path {model_dir} ...) and pass those results."
+    current = weights_sha256 or weights_fingerprint(model_dir)
     if recorded is not None:
-        if recorded != weights_fingerprint(model_dir):
+        if recorded != current:
             raise ValueError(
                 f"--results_files {path} scored other weights (model {named}) than --model_name_or_path "
-                f"{model_dir}: the card must show this model's scores; {redo}"
+                f"{model_dir} holds: the card must show this model's scores; {redo}"
             )
         return
+    if "model_sha256" in result and current is not None:
+        raise ValueError(
+            f"--results_files {path} does not record which weights it scored (model_sha256 is null: the model "
+            f"was not loaded from a folder), so it cannot be published with {model_dir}; {redo}"
+        )
     if named is None:
         raise ValueError(f"--results_files {path} names no model, so its scores cannot be checked: {redo}")
     same = (
@@ -257,9 +267,12 @@ def check_results_model(path: str | Path, result: dict[str, Any], model_dir: str
     )
 
 
-def load_results(paths: Sequence[str | Path], model_dir: str | Path | None = None) -> list[dict[str, Any]]:
+def load_results(
+    paths: Sequence[str | Path], model_dir: str | Path | None = None, weights_sha256: str | None = None
+) -> list[dict[str, Any]]:
     """Read evaluation results; all must share languages and decoding settings and, with ``model_dir``,
-    have scored that model (:func:`check_results_model`)."""
+    have scored that model (:func:`check_results_model`; ``weights_sha256``: the fingerprint of the
+    weights loaded from it)."""
     if not paths:
         raise ValueError(
             "The model card needs measured scores: run hf-vanilla-evaluate first and pass its "
@@ -268,7 +281,7 @@ def load_results(paths: Sequence[str | Path], model_dir: str | Path | None = Non
     results = [_read_result(Path(path)) for path in paths]
     if model_dir is not None:
         for path, result in zip(paths, results, strict=True):
-            check_results_model(path, result, model_dir)
+            check_results_model(path, result, model_dir, weights_sha256)
     for key in ("source_lang", "target_lang", "decoding"):
         values = {json.dumps(result.get(key), sort_keys=True) for result in results}
         if len(values) > 1:

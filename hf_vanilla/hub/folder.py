@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import json
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,6 @@ from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
 )
 from hf_vanilla.models.vanilla_transformer.pipeline_vanilla_transformer import TASK as PIPELINE_TASK
 from hf_vanilla.models.vanilla_transformer.pipeline_vanilla_transformer import VanillaTranslationPipeline
-
-logger = logging.getLogger(__name__)
-
 
 __all__ = [
     "TRAINING_ARGS_JSON",
@@ -114,7 +110,6 @@ def save_for_hub(
             json.dumps(metadata, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
         )
     _check_folder(folder, needed=("README.md", "tokenizer_config.json"))
-    logger.info("Wrote the Hub folder %s", folder)
     return folder
 
 

@@ -46,6 +46,7 @@ from hf_vanilla.hub.record import read_training_record
 from hf_vanilla.inference.decoding import EARLY_STOPPING
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
 from hf_vanilla.io.checksums import weights_fingerprint
+from hf_vanilla.io.safe_loading import loaded_weights_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,8 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
 
     The generation config in the folder is set to the beam size, α and stopping rule that produced the
     card's scores. With ``model_dir`` (the folder ``model`` was loaded from) every results file must have
-    scored that model (:func:`check_results_model`); without it nothing can be compared, so the caller
+    scored the weights ``model`` was built from (:func:`check_results_model` with
+    :func:`~hf_vanilla.io.safe_loading.loaded_weights_fingerprint`); without it nothing can be compared, so the caller
     vouches for the scores. The card's title, data, training paragraph and examples come from ``args``,
     else from what ``model_dir`` records (``training_record.json``, ``training_args.json``,
     ``trainer_state.json``), else they say "unknown"; no local path is written into the folder. An existing ``output_dir`` is refused (``FileExistsError``) unless ``args.overwrite``;
@@ -141,7 +143,8 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
         refuse_to_replace(
             folder, args.overwrite, "--output_dir", inputs=[model_dir, *(args.results_files or [])]
         )
-        results = load_results(args.results_files or [], model_dir)
+        loaded = loaded_weights_fingerprint(model)  # the weights going into the folder, not the folder's now
+        results = load_results(args.results_files or [], model_dir, loaded)
         decoding = results[0]["decoding"]
         model.generation_config.num_beams = decoding["num_beams"]
         model.generation_config.length_penalty = decoding["length_penalty"]
@@ -174,10 +177,11 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
             "results": portable_results,
             "decoding": decoding,
             "source_model": Path(model_dir).name if model_dir else None,
-            "source_model_sha256": weights_fingerprint(model_dir) if model_dir else None,
+            "source_model_sha256": loaded or (weights_fingerprint(model_dir) if model_dir else None),
         }
         with atomic_directory(folder) as staged:
             save_for_hub(model, tokenizer, staged, card, metadata)
+        logger.info("Wrote the Hub folder %s", folder)
     elif not folder.is_dir():
         raise FileNotFoundError(
             f"--push_only: {folder} does not exist; write it first (run without --push_only)."

@@ -13,7 +13,7 @@ from hf_vanilla.inference.ctranslate2 import load_ctranslate2_and_tokenizer, res
 from hf_vanilla.inference.options import BACKENDS, DTYPE_NAMES, InferenceModelArguments
 from hf_vanilla.inference.quantization import check_route, from_pretrained_kwargs, quantize_loaded
 from hf_vanilla.io.errors import CheckpointError
-from hf_vanilla.io.safe_loading import load_pretrained_checked
+from hf_vanilla.io.safe_loading import deleted_while_read, load_pretrained_checked
 
 __all__ = [
     "BACKENDS",
@@ -61,7 +61,9 @@ def load_model_and_tokenizer(
     they belong together (:func:`hf_vanilla.data.tokenization.check_tokenizer_matches_config`);
     ``args.quantization`` names a route of :mod:`hf_vanilla.inference.quantization`, ``args.dtype`` one of
     :data:`DTYPES`. With the ``ctranslate2`` backend (only where ``allow_ctranslate2``: commands that
-    only translate) the model is a :class:`CTranslate2Model`."""
+    only translate) the model is a :class:`CTranslate2Model`. A training checkpoint deleted while it is
+    read (a run rotating its checkpoints) raises :class:`~hf_vanilla.io.errors.CheckpointDeletedError`,
+    not an error calling it damaged."""
     backend = resolve_backend(args)
     if args.dtype not in DTYPES:
         raise ValueError(f"Unknown --dtype {args.dtype!r}: choose one of {', '.join(DTYPES)}.")
@@ -86,8 +88,9 @@ def load_model_and_tokenizer(
         kwargs["dtype"] = DTYPES[args.dtype]
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
-    model = load_model(args.model_name_or_path, **kwargs)
-    tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
+    with deleted_while_read(args.model_name_or_path):  # a checkpoint a training run rotates away meanwhile
+        model = load_model(args.model_name_or_path, **kwargs)
+        tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
     check_tokenizer_matches_config(
         tokenizer, model.config, f"tokenizer {tokenizer_source}, model {args.model_name_or_path}"
     )

@@ -9,7 +9,14 @@ from pathlib import Path
 
 from hf_vanilla.io.errors import CorruptCheckpointError, damaged_file_hint
 
-__all__ = ["CHECKSUMS_NAME", "verify_checksums", "weights_fingerprint", "write_checksums"]
+__all__ = [
+    "CHECKSUMS_NAME",
+    "copy_hashing",
+    "fingerprint_of_digests",
+    "verify_checksums",
+    "weights_fingerprint",
+    "write_checksums",
+]
 
 #: sha256 manifest written into each checkpoint (``sha256sum -c checksums.sha256`` checks it too).
 CHECKSUMS_NAME = "checksums.sha256"
@@ -26,21 +33,39 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def copy_hashing(source: Path, target: Path) -> str:
+    """Copy ``source`` to ``target`` block by block and return the sha256 of the bytes written: the
+    digest is that of ``target``'s content even if ``source`` changes meanwhile."""
+    digest = hashlib.sha256()
+    with source.open("rb") as reader, target.open("wb") as writer:
+        for block in iter(lambda: reader.read(1 << 20), b""):
+            digest.update(block)
+            writer.write(block)
+    return digest.hexdigest()
+
+
+def fingerprint_of_digests(digests: dict[str, str]) -> str:
+    """The weights fingerprint (:func:`weights_fingerprint`) of files given by name and sha256."""
+    digest = hashlib.sha256()
+    for name in sorted(digests):
+        digest.update(f"{digests[name]}  {name}\n".encode())
+    return digest.hexdigest()
+
+
 def weights_fingerprint(folder: str | Path) -> str | None:
     """A sha256 over the weights files of a local model folder (``model*.safetensors``, else
     ``pytorch_model*.bin``: their names and contents, sorted by name), which identifies the weights
     wherever the folder is copied; ``None`` for a name that is not a local folder or a folder without
-    weights. Evaluation results record it so that publishing can check which model they scored."""
+    weights. Evaluation results record it so that publishing can check which model they scored; a loaded
+    model carries the one of the bytes it was built from
+    (:func:`hf_vanilla.io.safe_loading.loaded_weights_fingerprint`)."""
     folder = Path(folder)
     if not folder.is_dir():
         return None
     weights = sorted(folder.glob("model*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
     if not weights:
         return None
-    digest = hashlib.sha256()
-    for path in weights:
-        digest.update(f"{_sha256(path)}  {path.name}\n".encode())
-    return digest.hexdigest()
+    return fingerprint_of_digests({path.name: _sha256(path) for path in weights})
 
 
 def _files_under(folder: Path) -> list[Path]:

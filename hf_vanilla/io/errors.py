@@ -1,10 +1,11 @@
-"""What a damaged or unsafe checkpoint raises, and the hint every such message ends with."""
+"""What a damaged, unsafe or vanished checkpoint raises, and the hint every damage message ends with."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 __all__ = [
+    "CheckpointDeletedError",
     "CheckpointError",
     "ConfigMismatchError",
     "CorruptCheckpointError",
@@ -16,6 +17,18 @@ __all__ = [
 
 class CheckpointError(ValueError):
     """A checkpoint or model folder that must not be loaded; the message names the file."""
+
+
+class CheckpointDeletedError(CheckpointError):
+    """A checkpoint was deleted while it was being read (a training run rotating the checkpoints of its
+    folder): not damaged, gone."""
+
+    def __init__(self, folder: str | Path) -> None:
+        super().__init__(
+            f"{str(folder)!r} was deleted while it was being read: a training run is rotating the checkpoints in "
+            f"{str(Path(folder).parent)!r} (--save_total_limit). Nothing was written. Run the command again (it "
+            "takes the checkpoints there now), or wait until the training run ends."
+        )
 
 
 class CorruptCheckpointError(CheckpointError):

@@ -22,6 +22,10 @@ What this module guarantees, for every function that reads a folder:
   with the weights (:func:`check_loading_info`: a missing, unexpected or mismatched key, which
   ``from_pretrained`` itself only reports while the model translates garbage). The Python API
   (``AutoModelForSeq2SeqLM.from_pretrained``) keeps transformers' behaviour.
+* **A loaded model knows which weights it holds** (:func:`pinned_weights`,
+  :func:`loaded_weights_fingerprint`): the weights are hashed as they are copied into a private folder,
+  and the model is built from that copy, so the fingerprint evaluation results record is that of the
+  bytes the model was built from, whatever is written into the folder meanwhile.
 
 Writing checkpoints so that they stay whole, and resuming from them, is
 :mod:`hf_vanilla.training.resilience`'s job.
@@ -33,7 +37,9 @@ import contextlib
 import json
 import logging
 import re
+import shutil
 import struct
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,8 +48,9 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
-from hf_vanilla.io.checksums import verify_checksums
+from hf_vanilla.io.checksums import copy_hashing, fingerprint_of_digests, verify_checksums
 from hf_vanilla.io.errors import (
+    CheckpointDeletedError,
     CheckpointError,
     ConfigMismatchError,
     CorruptCheckpointError,
@@ -57,8 +64,11 @@ __all__ = [
     "check_loading_info",
     "checkpoint_folders",
     "checkpoint_step",
+    "deleted_while_read",
     "load_pretrained_checked",
+    "loaded_weights_fingerprint",
     "nonfinite_tensors",
+    "pinned_weights",
     "refuse_nonfinite",
     "verify_checkpoint",
     "verify_finite_weights",
@@ -218,6 +228,22 @@ def checkpoint_step(path: str | Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+@contextlib.contextmanager
+def deleted_while_read(folder: str | Path) -> Iterator[None]:
+    """Turn an error raised while reading the Trainer checkpoint ``folder`` (``checkpoint-<step>``) into
+    :class:`CheckpointDeletedError` when the folder existed at the start and is gone at the failure: a
+    training run rotated it away mid-read, so its files went missing, which is not damage. Other
+    folders and errors pass as they are."""
+    folder = Path(folder)
+    existed = checkpoint_step(folder) is not None and folder.is_dir()
+    try:
+        yield
+    except (OSError, ValueError) as err:
+        if existed and not folder.is_dir() and not isinstance(err, CheckpointDeletedError):
+            raise CheckpointDeletedError(folder) from err
+        raise
+
+
 def verify_checkpoint(
     folder: str | Path,
     *,
@@ -310,7 +336,10 @@ def verify_finite_weights(folder: str | Path) -> None:
     """Refuse a model folder whose weights hold NaN or infinity (:class:`NonFiniteWeightsError`, naming
     the first tensors as the files name them). Reads every tensor once; run it after
     :func:`verify_model_folder` (pickled weights are read with ``weights_only=True``)."""
-    folder = Path(folder)
+    refuse_nonfinite(folder, _nonfinite_weights(Path(folder)))
+
+
+def _nonfinite_weights(folder: Path) -> list[str]:
     bad: list[str] = []
     for path in _weight_files(folder):
         if path.suffix == ".safetensors":
@@ -319,7 +348,7 @@ def verify_finite_weights(folder: str | Path) -> None:
         else:
             state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
             bad += nonfinite_tensors(state.items())
-    refuse_nonfinite(folder, bad)
+    return bad
 
 
 # --------------------------------------------------------------------------------------------------
@@ -371,22 +400,86 @@ def _without_load_report() -> Iterator[None]:
         report_logger.removeFilter(drop)
 
 
+#: Files copied with the weights by :func:`pinned_weights`: what ``from_pretrained`` reads besides them.
+_PINNED_SUFFIXES = (".json", ".py")
+
+#: The attribute in which :func:`load_pretrained_checked` leaves a model's weights fingerprint.
+_FINGERPRINT_ATTRIBUTE = "_hf_vanilla_weights_sha256"
+
+
+@contextlib.contextmanager
+def pinned_weights(folder: str | Path) -> Iterator[tuple[Path, str]]:
+    """A private copy of a model folder's weights (and of its ``*.json`` and ``*.py`` files, which
+    ``from_pretrained`` reads with them), and the fingerprint of exactly the bytes copied
+    (:func:`hf_vanilla.io.checksums.weights_fingerprint`'s formula); the copy is deleted after the block.
+
+    Each weights file is hashed block by block as it is written into the copy, so the fingerprint is
+    that of the bytes a model built from the copy holds, even when the folder's weights are replaced
+    while this runs (a resumed run's final save, say). Hashing the folder and loading it in two reads,
+    or hashing it again after loading, leaves a window between the reads in which another file can be
+    read than the one hashed; no comparison afterwards can say which bytes were loaded. The copy goes to
+    the system's temporary folder (``TMPDIR``) and costs the weights' size there while the block runs.
+    """
+    folder = Path(folder)
+    private = Path(tempfile.mkdtemp(prefix="hf-vanilla-weights-"))
+    try:
+        digests = {path.name: copy_hashing(path, private / path.name) for path in _weight_files(folder)}
+        for path in folder.iterdir():
+            if path.suffix in _PINNED_SUFFIXES and path.is_file() and not (private / path.name).exists():
+                shutil.copyfile(path, private / path.name)
+        yield private, fingerprint_of_digests(digests)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def loaded_weights_fingerprint(model: Any) -> str | None:
+    """The fingerprint of the weights ``model`` was built from by :func:`load_pretrained_checked` (the
+    identity :func:`hf_vanilla.io.checksums.weights_fingerprint` gives a folder), or ``None`` for a
+    model not loaded from a local folder that way. It describes the weights as loaded: training the
+    model afterwards does not change it."""
+    return getattr(model, _FINGERPRINT_ATTRIBUTE, None)
+
+
 def load_pretrained_checked(
     name: str | Path, model_class: Any = AutoModelForSeq2SeqLM, **kwargs: Any
 ) -> PreTrainedModel:
     """``model_class.from_pretrained(name, **kwargs)`` as every command loads a model: a local folder is
-    checked first (:func:`verify_model_folder`: a damaged or unsafe file; :func:`verify_finite_weights`:
-    NaN or inf weights), and any missing, unexpected or mismatched key is refused
+    checked first (:func:`verify_model_folder`: a damaged or unsafe file, or for a ``checkpoint-<step>``
+    folder :func:`verify_checkpoint`, as resuming checks it; :func:`verify_finite_weights`: NaN or inf
+    weights), and any missing, unexpected or mismatched key is refused
     (:func:`check_loading_info`) rather than reported while the model computes garbage. Raises a
-    :class:`CheckpointError` (a ``ValueError``) naming the folder."""
-    if Path(name).is_dir():
+    :class:`CheckpointError` (a ``ValueError``) naming the folder.
+
+    A local folder is loaded from its :func:`pinned_weights` copy, which is checked again, so the checks
+    and :func:`loaded_weights_fingerprint` describe the bytes the model holds."""
+    if not Path(name).is_dir():
+        with _without_load_report():
+            model, info = model_class.from_pretrained(
+                str(name), output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+            )
+        check_loading_info(name, info)
+        return model
+    if checkpoint_step(name) is None:
         verify_model_folder(name)
-        verify_finite_weights(name)
-    with _without_load_report():
-        model, info = model_class.from_pretrained(
-            str(name), output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
-        )
+    else:  # a Trainer checkpoint is checked as resuming and averaging check it
+        verify_checkpoint(name)
+    with pinned_weights(name) as (private, fingerprint):
+        try:
+            verify_model_folder(private, checksums=False)
+        except CheckpointError:
+            raise CorruptCheckpointError(
+                f"The weights of {str(name)!r} changed while they were being read (something is writing into "
+                "the folder, e.g. a training run saving into it): run the command again once it is done; nothing "
+                "was loaded."
+            ) from None
+        refuse_nonfinite(name, _nonfinite_weights(private))
+        with _without_load_report():
+            model, info = model_class.from_pretrained(
+                str(private), output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+            )
     check_loading_info(name, info)
+    model.config.name_or_path = model.name_or_path = str(name)  # not the deleted copy
+    setattr(model, _FINGERPRINT_ATTRIBUTE, fingerprint)
     return model
 
 

@@ -29,13 +29,14 @@ from transformers import PreTrainedModel
 from hf_vanilla.hub.folder import TRAINING_ARGS_JSON, save_model_folder
 from hf_vanilla.hub.record import read_training_record, write_training_record
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
+from hf_vanilla.io.errors import CheckpointDeletedError
 from hf_vanilla.io.safe_loading import (
     load_pretrained_checked,
     nonfinite_tensors,
     refuse_nonfinite,
     verify_safetensors_file,
 )
-from hf_vanilla.training.checkpoints import find_complete_checkpoints
+from hf_vanilla.training.checkpoints import find_complete_checkpoints, pinned_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -169,8 +170,12 @@ def average_checkpoints(
     """Average the parameters of ``checkpoints`` (§6.1) into a ``from_pretrained``-able folder.
 
     The configuration, generation configuration and tokenizer files come from the last checkpoint
-    of the list (pass them oldest first, as :func:`find_checkpoints` returns them). Returns
-    ``output_dir``. An existing ``output_dir`` (other than an empty folder) is refused with
+    of the list (pass them oldest first, as :func:`find_checkpoints` returns them). Every checkpoint is
+    checked as resuming checks it (:func:`~hf_vanilla.io.safe_loading.verify_checkpoint`, its
+    ``checksums.sha256`` included) and read from a pinned snapshot
+    (:func:`~hf_vanilla.training.checkpoints.pinned_checkpoints`), so a training run rotating its
+    checkpoints meanwhile takes nothing away mid-read. Returns ``output_dir``. An existing
+    ``output_dir`` (other than an empty folder) is refused with
     ``FileExistsError`` unless ``overwrite``; a folder that holds one of the checkpoints (the run
     folder itself, say) is always refused. The result is written to a temporary folder and renamed
     into place when complete, so a failure leaves the old folder as it was.
@@ -194,15 +199,23 @@ def average_checkpoints(
     refuse_to_replace(output_dir, overwrite, "--output_dir")
 
     logger.info("Averaging %d checkpoints: %s", len(paths), ", ".join(p.name for p in paths))
-    states = [load_safetensors_state_dict(p) for p in paths]
+    with pinned_checkpoints(paths) as pinned:  # verified, and kept whole while a training run rotates
+        _average_pinned(paths, pinned, output_dir)
+    logger.info("Wrote the average of %d checkpoints to %s", len(paths), output_dir)
+    return output_dir
+
+
+def _average_pinned(paths: Sequence[Path], pinned: Sequence[Path], output_dir: Path) -> None:
+    """Average the snapshots ``pinned`` of the checkpoints ``paths`` (:func:`average_checkpoints`)."""
+    states = [load_safetensors_state_dict(p) for p in pinned]
     for path, state in zip(paths, states, strict=True):
         refuse_nonfinite(path, nonfinite_tensors(state.items()))  # a diverged checkpoint poisons the mean
     averaged = average_state_dicts(states, names=[str(p) for p in paths])
     del states
 
-    newest = paths[-1]
+    newest = pinned[-1]
     model = load_pretrained_checked(newest)  # its config must describe the averaged weights
-    _load_into_model(model, averaged, str(newest))
+    _load_into_model(model, averaged, str(paths[-1]))
     with atomic_directory(output_dir) as staged:  # an old average stays whole until the new one is
         save_model_folder(model, None, staged)  # self-contained: the modeling code travels with it
         copied = []
@@ -211,7 +224,7 @@ def average_checkpoints(
                 shutil.copy2(newest / name, staged / name)
                 copied.append(name)
         if not copied:
-            logger.warning("%s has no tokenizer files; the averaged model folder has none either.", newest)
+            logger.warning("%s has no tokenizer files; the averaged model folder has none either.", paths[-1])
         if (newest / TRAINING_ARGS_JSON).is_file():  # the run's arguments: the card's data among them
             shutil.copy2(newest / TRAINING_ARGS_JSON, staged / TRAINING_ARGS_JSON)
         record = read_training_record(newest)
@@ -228,8 +241,6 @@ def average_checkpoints(
         (staged / "averaged_checkpoints.json").write_text(
             json.dumps({"averaged_checkpoints": [str(p) for p in paths]}, indent=2) + "\n", encoding="utf-8"
         )
-    logger.info("Wrote the average of %d checkpoints to %s", len(paths), output_dir)
-    return output_dir
 
 
 def average_last_checkpoints(
@@ -252,4 +263,8 @@ def average_last_checkpoints(
             f"({', '.join(p.name for p in found)}). Lower the number, or save more often (--save_steps) and keep "
             "more (--save_total_limit)."
         )
-    return average_checkpoints(found[-last_n:], output_dir, overwrite)
+    chosen = found[-last_n:]
+    gone = [p for p in chosen if not p.is_dir()]  # rotated away since they were listed
+    if gone:
+        raise CheckpointDeletedError(gone[0])
+    return average_checkpoints(chosen, output_dir, overwrite)

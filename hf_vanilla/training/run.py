@@ -359,7 +359,7 @@ def publish_run(
     naming the command to retry; the folder and the training output are kept) when the push fails."""
     output_dir = Path(training_args.output_dir)
     card_args = {f.name: getattr(training_args, f.name) for f in fields(DatasetCardArguments)}
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    model = load_pretrained_checked(model_dir)  # the results record the fingerprint of these weights
     sources, references = parallel_columns(validation, data_args.source_lang, data_args.target_lang)
     _, results_file = evaluate_split_into(
         output_dir,

@@ -93,6 +93,7 @@ def test_clear_errors(tmp_path: Path) -> None:
 
     wide = run / "checkpoint-3"
     tiny_model(d_model=48).save_pretrained(wide)
+    (wide / "trainer_state.json").write_text(json.dumps({"global_step": 3}), encoding="utf-8")
     with pytest.raises(ValueError, match="shape"):
         average_checkpoints([run / "checkpoint-1", wide], tmp_path / "out")
     assert not (tmp_path / "out").exists()  # nothing written on error
