@@ -471,8 +471,8 @@ def convert(
     model, model_type = load_source_model(folder, source_format)
     converted = convert_model(model)
     with atomic_directory(output_dir) as staged:
+        copied = _copy_side_files(folder, staged)  # first: the folder's manifest lists the tokenizer files
         save_model_folder(converted, None, staged)
-        copied = _copy_side_files(folder, staged)
         _write_model_card(source, model_type, staged, output_dir, from_hub=not Path(source).is_dir())
     if not any(name.startswith(("tokenizer", "vocab", "source.spm", "spiece")) for name in copied):
         logger.warning(

@@ -50,6 +50,8 @@ from hf_vanilla.io.errors import (
     NonFiniteWeightsError,
     damaged_file_hint,
 )
+from hf_vanilla.io.json_files import read_json
+from hf_vanilla.io.manifest import verify_architecture
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES, UNREAD_PICKLES, verify_pickle_file
 
 __all__ = [
@@ -147,13 +149,6 @@ def verify_safetensors_file(path: str | Path) -> None:
 # --------------------------------------------------------------------------------------------------
 # whole-folder checks
 # --------------------------------------------------------------------------------------------------
-def _check_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CorruptCheckpointError(f"{str(path)!r} is damaged: {err}.{damaged_file_hint(path)}") from err
-
-
 def _export_kind(folder: Path) -> tuple[str, str] | None:
     """What a folder without transformers weights holds when it is an export of hf_vanilla's (what it
     is, and how to run it), so that it is not taken for a damaged save."""
@@ -176,19 +171,22 @@ def verify_model_folder(folder: str | Path, *, checksums: bool = True) -> None:
     ``config.json`` must parse; the weights must be ``model.safetensors`` or a safetensors index with
     all its shards, each whole (:func:`verify_safetensors_file`); pickled weights
     (``pytorch_model*.bin``), when there are no safetensors, must be plain tensors. With
-    ``checksums``, a ``checksums.sha256`` manifest is checked too.
+    ``checksums``, a ``checksums.sha256`` manifest is checked too. ``config.json`` must not contradict
+    the folder's ``architecture.json`` (:func:`hf_vanilla.io.manifest.verify_architecture`).
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"Model folder {str(folder)!r} does not exist.")
     if not (folder / "config.json").is_file():
         raise CorruptCheckpointError(f"{str(folder)!r} has no config.json: it is not a saved model folder.")
-    _check_json(folder / "config.json")
+    config = read_json(folder / "config.json")
+    if (folder / "generation_config.json").is_file():
+        read_json(folder / "generation_config.json")
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
     if single.exists():
         verify_safetensors_file(single)
     elif index.exists():
-        weight_map = _check_json(index).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise CorruptCheckpointError(f"{str(index)!r} is damaged: it has no weight_map.")
         for shard in sorted(set(weight_map.values())):
@@ -208,8 +206,15 @@ def verify_model_folder(folder: str | Path, *, checksums: bool = True) -> None:
             )
         for path in pickled:
             verify_pickle_file(path)
+    if "model_type" not in config:
+        raise CorruptCheckpointError(
+            f"{str(folder / 'config.json')!r} has no model_type, so no model class can be chosen for it: it was "
+            "damaged or written by hand. Restore the config.json saved with these weights (an hf_vanilla model's "
+            'has "model_type": "vanilla_transformer").'
+        )
     if checksums:
         verify_checksums(folder)
+    verify_architecture(folder)
 
 
 def checkpoint_step(path: str | Path) -> int | None:
@@ -247,9 +252,9 @@ def verify_checkpoint(
             f"{str(folder)!r} is incomplete: it has no {TRAINER_STATE_NAME}, which the Trainer writes last. The "
             f"run was probably killed while saving it.{damaged_file_hint(state_path)}"
         )
-    state = _check_json(state_path)
+    state = read_json(state_path)
     step = checkpoint_step(folder)
-    if step is not None and isinstance(state, dict) and state.get("global_step") != step:
+    if step is not None and state.get("global_step") != step:
         raise CorruptCheckpointError(
             f"{str(state_path)!r} records global_step {state.get('global_step')!r}, but the folder is named for "
             f"step {step}: the folder mixes files of two saves.{damaged_file_hint(state_path)}"
@@ -302,7 +307,7 @@ def _weight_files(folder: Path) -> list[Path]:
     if single.exists():
         return [single]
     if index.exists():
-        return [folder / shard for shard in sorted(set(_check_json(index)["weight_map"].values()))]
+        return [folder / shard for shard in sorted(set(read_json(index)["weight_map"].values()))]
     return sorted(folder.glob("pytorch_model*.bin"))
 
 
@@ -325,11 +330,28 @@ def verify_finite_weights(folder: str | Path) -> None:
 # --------------------------------------------------------------------------------------------------
 # loading
 # --------------------------------------------------------------------------------------------------
-def check_loading_info(name: str | Path, info: dict[str, Any]) -> None:
+def _layer_pattern(key: str) -> str:
+    """``key`` with its layer numbers left out: the names a model of any depth has."""
+    return re.sub(r"\.\d+\.", ".#.", key)
+
+
+def check_loading_info(name: str | Path, info: dict[str, Any], model: torch.nn.Module | None = None) -> None:
     """Refuse what ``from_pretrained(..., output_loading_info=True)`` reports: weights the model lacks
     (MISSING: left at random initialisation), weights it has no place for (UNEXPECTED: dropped) or of
     another shape (MISMATCHED). Tied weights (the shared ``lm_head``) and non-persistent buffers are not
-    saved and not reported. Raises :class:`ConfigMismatchError` naming the keys."""
+    saved and not reported. Raises :class:`ConfigMismatchError` naming the keys.
+
+    An unexpected name that ``model`` has at no depth (a damaged name, another model's weights) is
+    blamed on the weights file, not on ``config.json`` (:class:`CorruptCheckpointError`)."""
+    if model is not None:
+        known = {_layer_pattern(key) for key in model.state_dict()}
+        unknown = sorted(key for key in info.get("unexpected_keys", ()) if _layer_pattern(key) not in known)
+        if unknown:
+            shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+            raise CorruptCheckpointError(
+                f"{str(name)!r}: its weights file holds tensor names the model does not have ({shown}): the file "
+                "is damaged or holds another model's weights. Copy the folder again from where it came from."
+            )
     problems = []
     for kind, keys in (
         ("missing from the weights", sorted(info.get("missing_keys", ()))),
@@ -386,7 +408,7 @@ def load_pretrained_checked(
         model, info = model_class.from_pretrained(
             str(name), output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
         )
-    check_loading_info(name, info)
+    check_loading_info(name, info, model)
     return model
 
 
