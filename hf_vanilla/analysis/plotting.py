@@ -16,7 +16,6 @@ backend switch, no display needed) and saved as PNG files:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ from tokenizers import decoders
 from hf_vanilla.inference.decoding import paper_generation_kwargs
 from hf_vanilla.inference.translation import check_input_length
 from hf_vanilla.io.atomic import atomic_file
+from hf_vanilla.io.json_files import read_json
 from hf_vanilla.io.safe_loading import checkpoint_folders
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import sinusoidal_position_encoding
 
@@ -408,7 +408,7 @@ def load_log_history(run: str | Path) -> list[dict[str, Any]]:
         candidates += [c / "trainer_state.json" for c in reversed(checkpoint_folders(run))]  # newest first
     for candidate in candidates:
         if candidate.is_file():
-            state = json.loads(candidate.read_text())
+            state = read_json(candidate)
             if "log_history" not in state:
                 raise ValueError(f"{candidate} has no `log_history`: is it a Trainer's trainer_state.json?")
             return list(state["log_history"])

@@ -128,6 +128,18 @@ def _run_model(world: World, tmp: Path, damage: Callable[[Path], None]) -> Path:
     return _file(tmp)
 
 
+def _list_state(world: World, tmp: Path) -> None:
+    """A copy of the world's run whose trainer_state.json holds a list."""
+    run = Path(shutil.copytree(world.run, tmp / "run", ignore=shutil.ignore_patterns("checkpoint-*")))
+    (run / "trainer_state.json").write_text("[]", encoding="utf-8")
+
+
+def _damaged_export(world: World, tmp: Path, name: str) -> Path:
+    """A CTranslate2 export of the world's model whose JSON file ``name`` holds a list."""
+    (_ct2_export(world, tmp) / name).write_text("[]", encoding="utf-8")
+    return _file(tmp)
+
+
 def _damaged_copy(
     world: World, tmp: Path, name: str, change: Callable[[Any], Any], text: str | None = None
 ) -> Path:
@@ -993,6 +1005,18 @@ CLI_CASES: dict[str, Case] = {
         _translate("--overwrite", model="copy"),
         "generation_config.json' is damaged: it holds a JSON int",
         lambda w, t: _damaged_copy(w, t, "generation_config.json", lambda c: 4),
+    ),
+    "plot a run whose trainer_state.json is a JSON list": Case(
+        "plot",
+        lambda w, t: ["--training_run", str(t / "run"), "--output_dir", str(t), "--overwrite"],
+        "trainer_state.json' is damaged: it holds a JSON list",
+        lambda w, t: (_list_state(w, t), _file(t, "training_curves.png"))[1],
+    ),
+    "translate with a CTranslate2 export whose generation_config.json is a JSON list": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "generation_config.json' is damaged: it holds a JSON list",
+        lambda w, t: _damaged_export(w, t, "generation_config.json"),
     ),
     "translate with a config.json that is not JSON": Case(
         "translate",
