@@ -14,6 +14,7 @@ from hf_vanilla.inference.options import (
     InferenceModelArguments,
     check_nbest,
 )
+from hf_vanilla.io.checksums import verify_checksums
 from hf_vanilla.io.json_files import read_json
 
 if TYPE_CHECKING:
@@ -112,6 +113,7 @@ class CTranslate2Model:
                 f"--dtype {dtype}: CTranslate2 cannot compute in it on {device_type} (it can: "
                 f"{', '.join(sorted(supported))}); use --dtype auto or float32."
             )
+        verify_checksums(folder)  # the manifest the export wrote: weights, vocabularies, tokenizer
         self.folder = folder
         generation = folder / "generation_config.json"
         defaults = read_json(generation, hint=_EXPORT_AGAIN) if generation.is_file() else {}

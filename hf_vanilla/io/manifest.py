@@ -12,7 +12,8 @@ final model and checkpoints, an averaged, converted, published or demo folder) c
   instead), ``generation_config.json``, the card (``README.md``) and the records beside the model.
 
 A Trainer checkpoint's ``checksums.sha256`` lists every file of the checkpoint instead
-(:func:`hf_vanilla.io.checksums.write_checksums`). A folder without these files (a stock
+(:func:`hf_vanilla.io.checksums.write_checksums`). A CTranslate2 export carries the checksums without
+``architecture.json`` (its ``config.json`` is CTranslate2's). A folder without these files (a stock
 ``save_pretrained``, a Hub download, a folder written before) loads unchecked, as before.
 """
 
@@ -55,11 +56,14 @@ TOKENIZER_PATTERNS = (
     "*.model",
 )
 
-#: The files of a model folder that ``checksums.sha256`` lists: weights, tokenizer, code, architecture.
+#: The files of a model folder that ``checksums.sha256`` lists: weights (a CTranslate2 export's too),
+#: tokenizer, code, architecture.
 MANIFEST_PATTERNS = (
     "model.safetensors",
     "model-*.safetensors",
     "model.safetensors.index.json",
+    "model.bin",
+    "*_vocabulary.json",
     *TOKENIZER_PATTERNS,
     "*.py",
     ARCHITECTURE_NAME,
@@ -109,12 +113,13 @@ def _load_config(folder: Path) -> Any:
 
 
 def write_manifest(folder: str | Path) -> Path:
-    """Write ``architecture.json`` (from the folder's ``config.json``) and ``checksums.sha256`` over the
-    folder's :data:`MANIFEST_PATTERNS` files into ``folder``, which holds the saved model; returns the
-    manifest's path."""
+    """Write ``architecture.json`` (from the folder's ``config.json``, when that is a transformers config)
+    and ``checksums.sha256`` over the folder's :data:`MANIFEST_PATTERNS` files into ``folder``, which holds
+    the saved model or export; returns the manifest's path."""
     folder = Path(folder)
-    record = architecture_of(_load_config(folder))
-    (folder / ARCHITECTURE_NAME).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    if "model_type" in read_json(folder / "config.json"):  # not in a CTranslate2 export's config
+        record = architecture_of(_load_config(folder))
+        (folder / ARCHITECTURE_NAME).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     listed = [path for path in folder.iterdir() if path.is_file() and _matches(path.name, MANIFEST_PATTERNS)]
     return write_checksums(folder, listed)
 

@@ -150,3 +150,33 @@ def test_a_damaged_tensor_name_is_damage_not_a_config_edit(tmp_path: Path) -> No
     with pytest.raises(CheckpointError, match="holds tensor names the model does not have") as raised:
         load_model(folder)
     assert "fcX" in str(raised.value) and "config.json" not in str(raised.value)
+
+
+def test_a_ctranslate2_export_refuses_damage_in_place_but_not_edited_settings(tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2")
+    import torch
+
+    from hf_vanilla.inference.ctranslate2 import CTranslate2Model
+    from hf_vanilla.interop.export_ctranslate2 import export_ctranslate2
+
+    export = Path(export_ctranslate2(_model_folder(tmp_path), tmp_path / "ct2"))
+    _edit_json(export / "generation_config.json", num_beams=2)
+    CTranslate2Model(export, torch.device("cpu"))
+    data = bytearray((export / "model.bin").read_bytes())
+    data[-5] ^= 0x40
+    (export / "model.bin").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"model\.bin' is damaged: its sha256 differs"):
+        CTranslate2Model(export, torch.device("cpu"))
+
+
+def test_a_trained_tokenizer_folder_refuses_damage_in_place(tmp_path: Path) -> None:
+    from hf_vanilla.cli.train_tokenizer import main
+
+    data = tmp_path / "data.tsv"
+    data.write_text("".join(f"w{i} w{i + 1}\tw{i + 1} w{i}\n" for i in range(20)), encoding="utf-8")
+    argv = ["--train_files", str(data), "--source_lang", "en", "--target_lang", "de", "--vocab_size", "300"]
+    assert main([*argv, "--output_dir", str(tmp_path / "tok")]) == 0
+    load_tokenizer(tmp_path / "tok")
+    _truncate_vocabulary(tmp_path / "tok" / "tokenizer.json")
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json' is damaged: its sha256 differs"):
+        load_tokenizer(tmp_path / "tok")
