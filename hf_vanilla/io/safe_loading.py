@@ -330,9 +330,23 @@ def verify_finite_weights(folder: str | Path) -> None:
 # --------------------------------------------------------------------------------------------------
 # loading
 # --------------------------------------------------------------------------------------------------
-def _layer_pattern(key: str) -> str:
-    """``key`` with its layer numbers left out: the names a model of any depth has."""
-    return re.sub(r"\.\d+\.", ".#.", key)
+def _layer_pattern(name: str) -> str:
+    """``name`` with its layer numbers left out: the names a model of any depth has."""
+    return re.sub(r"\.\d+(?=\.|$)", ".#", name)
+
+
+def _foreign_names(model: torch.nn.Module, keys: Iterable[str]) -> list[str]:
+    """The tensor names among ``keys`` that no config of ``model``'s class would make it have: a module it
+    has at no depth, or a tensor name (``weight``, ``bias``, ...) none of its tensors has. A layer beyond
+    the model's depth, or a bias the config turned off, is not foreign: that is the config's doing."""
+    modules = {_layer_pattern(name) for name, _ in model.named_modules()}
+    leaves = {key.rsplit(".", 1)[-1] for key in model.state_dict()}
+    foreign = []
+    for key in keys:
+        module, _, leaf = key.rpartition(".")
+        if _layer_pattern(module) not in modules or leaf not in leaves:
+            foreign.append(key)
+    return sorted(foreign)
 
 
 def check_loading_info(name: str | Path, info: dict[str, Any], model: torch.nn.Module | None = None) -> None:
@@ -341,11 +355,11 @@ def check_loading_info(name: str | Path, info: dict[str, Any], model: torch.nn.M
     another shape (MISMATCHED). Tied weights (the shared ``lm_head``) and non-persistent buffers are not
     saved and not reported. Raises :class:`ConfigMismatchError` naming the keys.
 
-    An unexpected name that ``model`` has at no depth (a damaged name, another model's weights) is
-    blamed on the weights file, not on ``config.json`` (:class:`CorruptCheckpointError`)."""
+    An unexpected name that no config would give ``model`` (:func:`_foreign_names`: a damaged name,
+    another model's weights) is blamed on the weights file, not on ``config.json``
+    (:class:`CorruptCheckpointError`)."""
     if model is not None:
-        known = {_layer_pattern(key) for key in model.state_dict()}
-        unknown = sorted(key for key in info.get("unexpected_keys", ()) if _layer_pattern(key) not in known)
+        unknown = _foreign_names(model, info.get("unexpected_keys", ()))
         if unknown:
             shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
             raise CorruptCheckpointError(

@@ -152,6 +152,16 @@ def test_a_damaged_tensor_name_is_damage_not_a_config_edit(tmp_path: Path) -> No
     assert "fcX" in str(raised.value) and "config.json" not in str(raised.value)
 
 
+@pytest.mark.parametrize("change", [{"decoder_layers": 1}, {"attention_bias": False}])
+def test_names_a_config_would_give_the_model_are_blamed_on_the_config(change: dict, tmp_path: Path) -> None:
+    """Without a record: more layers, or biases, in the weights than config.json asks for."""
+    tokenizer = word_tokenizer()
+    tiny_model(vocab_size=len(tokenizer), attention_bias=True).save_pretrained(tmp_path / "stock")
+    _edit_json(tmp_path / "stock" / "config.json", **change)
+    with pytest.raises(CheckpointError, match=r"its config\.json disagrees with its weights"):
+        load_model(tmp_path / "stock")
+
+
 def test_a_ctranslate2_export_refuses_damage_in_place_but_not_edited_settings(tmp_path: Path) -> None:
     pytest.importorskip("ctranslate2")
     import torch
