@@ -35,7 +35,7 @@ __all__ = [
     "MANIFEST_PATTERNS",
     "TOKENIZER_PATTERNS",
     "architecture_of",
-    "verify_architecture",
+    "verify_config",
     "verify_tokenizer_files",
     "write_manifest",
 ]
@@ -100,12 +100,15 @@ def architecture_of(config: Any) -> dict[str, Any]:
 
 
 def _load_config(folder: Path) -> Any:
+    """The folder's config, as ``AutoConfig`` reads it (no remote code); a value of the wrong type or
+    that its class refuses raises :class:`ConfigMismatchError` naming ``config.json``."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig  # not at import: loading a tokenizer needs no transformers models
 
     try:
-        return AutoConfig.from_pretrained(str(folder))
-    except (ValueError, TypeError, KeyError) as err:
-        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    except (ValueError, TypeError, KeyError, StrictDataclassError) as err:
+        detail = " ".join(str(err).split()) or type(err).__name__
         raise ConfigMismatchError(
             f"{str(folder / 'config.json')!r} does not describe a valid model ({detail}). Restore the "
             "config.json saved with these weights."
@@ -124,21 +127,29 @@ def write_manifest(folder: str | Path) -> Path:
     return write_checksums(folder, listed)
 
 
-def verify_architecture(folder: str | Path) -> None:
-    """Refuse a folder whose ``config.json`` sets a value of ``architecture.json`` otherwise (the weights
-    would compute something else than they were trained for), naming each such field with its recorded
-    and its current value; a folder without ``architecture.json`` passes. Raises
+def verify_config(folder: str | Path) -> None:
+    """Refuse a folder whose ``config.json`` its config class refuses (a value of the wrong type, heads that
+    do not divide ``d_model``, ...), or that sets a value of ``architecture.json`` otherwise (the weights
+    would compute something else than they were trained for), naming each such field with its current and
+    its recorded value. A ``model_type`` transformers does not know is left to ``from_pretrained`` (a model
+    whose code the folder holds) unless ``architecture.json`` records another. Raises
     :class:`ConfigMismatchError`."""
+    from transformers import CONFIG_MAPPING
+
     folder = Path(folder)
+    model_type = read_json(folder / "config.json").get("model_type")
     path = folder / ARCHITECTURE_NAME
-    if not path.is_file():
+    recorded = read_json(path) if path.is_file() else None
+    if recorded is not None and model_type != recorded.get("model_type"):
+        current = {"model_type": model_type}
+    elif model_type in CONFIG_MAPPING:
+        current = architecture_of(_load_config(folder))
+    else:
         return
-    recorded = read_json(path)
-    current = architecture_of(_load_config(folder))
     changed = [
         f"{name} is {json.dumps(current.get(name))}, recorded {json.dumps(value)}"
-        for name, value in recorded.items()
-        if current.get(name) != value
+        for name, value in (recorded or {}).items()
+        if name in current and current[name] != value
     ]
     if changed:
         raise ConfigMismatchError(

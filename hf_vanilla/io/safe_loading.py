@@ -51,7 +51,7 @@ from hf_vanilla.io.errors import (
     damaged_file_hint,
 )
 from hf_vanilla.io.json_files import read_json
-from hf_vanilla.io.manifest import verify_architecture
+from hf_vanilla.io.manifest import verify_config
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES, UNREAD_PICKLES, verify_pickle_file
 
 __all__ = [
@@ -171,8 +171,8 @@ def verify_model_folder(folder: str | Path, *, checksums: bool = True) -> None:
     ``config.json`` must parse; the weights must be ``model.safetensors`` or a safetensors index with
     all its shards, each whole (:func:`verify_safetensors_file`); pickled weights
     (``pytorch_model*.bin``), when there are no safetensors, must be plain tensors. With
-    ``checksums``, a ``checksums.sha256`` manifest is checked too. ``config.json`` must not contradict
-    the folder's ``architecture.json`` (:func:`hf_vanilla.io.manifest.verify_architecture`).
+    ``checksums``, a ``checksums.sha256`` manifest is checked too. ``config.json`` must be a valid config
+    that does not contradict the folder's ``architecture.json`` (:func:`hf_vanilla.io.manifest.verify_config`).
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -214,7 +214,7 @@ def verify_model_folder(folder: str | Path, *, checksums: bool = True) -> None:
         )
     if checksums:
         verify_checksums(folder)
-    verify_architecture(folder)
+    verify_config(folder)
 
 
 def checkpoint_step(path: str | Path) -> int | None:

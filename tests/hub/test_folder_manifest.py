@@ -113,6 +113,7 @@ def test_every_written_folder_refuses_damage_in_place_but_not_edited_settings(
         ("position_offset", 2),
         ("encoder_attention_heads", 2),
         ("activation_function", "gelu"),
+        ("model_type", "marian"),
     ],
 )
 def test_a_config_edit_the_weights_cannot_follow_is_refused_naming_the_field(
@@ -190,3 +191,19 @@ def test_a_trained_tokenizer_folder_refuses_damage_in_place(tmp_path: Path) -> N
     _truncate_vocabulary(tmp_path / "tok" / "tokenizer.json")
     with pytest.raises(CheckpointError, match=r"tokenizer\.json' is damaged: its sha256 differs"):
         load_tokenizer(tmp_path / "tok")
+
+
+@pytest.mark.parametrize("manifest", [True, False])
+def test_a_config_value_of_the_wrong_type_is_one_error_naming_config_json(
+    manifest: bool, tmp_path: Path
+) -> None:
+    folder = _model_folder(tmp_path)
+    if not manifest:
+        (folder / "checksums.sha256").unlink()
+        (folder / "architecture.json").unlink()
+    _edit_json(folder / "config.json", d_model="32")
+    with pytest.raises(
+        CheckpointError, match=r"config\.json' does not describe a valid model \(.*d_model"
+    ) as raised:
+        load_model(folder)
+    assert "\n" not in str(raised.value)
