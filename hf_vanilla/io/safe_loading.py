@@ -13,7 +13,8 @@ What this module guarantees, for every function that reads a folder:
 * **A damaged file is named, not crashed on** (:func:`verify_model_folder`, :func:`verify_checkpoint`).
   A folder is whole when its ``config.json`` parses, every ``*.safetensors`` file is as long as its
   header says, a Trainer checkpoint's ``trainer_state.json`` (written last) names the folder's step, and
-  a ``checksums.sha256`` manifest (:func:`write_checksums`), when present, matches. A failure raises
+  a ``checksums.sha256`` manifest (:func:`write_checksums`, :func:`hf_vanilla.io.manifest.write_manifest`),
+  when present, matches, and ``config.json`` agrees with ``architecture.json``. A failure raises
   :class:`CorruptCheckpointError` naming the file and what to do, instead of a stack trace from inside
   safetensors or pickle.
 * **Checked loaders** (:func:`load_pretrained_checked`, the one every command uses) run these checks
