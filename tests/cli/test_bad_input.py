@@ -1018,6 +1018,20 @@ CLI_CASES: dict[str, Case] = {
         "generation_config.json' is damaged: it holds a JSON list",
         lambda w, t: _damaged_export(w, t, "generation_config.json"),
     ),
+    "convert a source whose config.json is a JSON list": Case(
+        "convert",
+        lambda w, t: ["--source", str(t / "model"), "--output_dir", str(t / "out")],
+        "config.json' is damaged: it holds a JSON list",
+        lambda w, t: _damaged_copy(w, t, "config.json", lambda c: [c]),
+    ),
+    "convert a source whose config.json has no model_type": Case(
+        "convert",
+        lambda w, t: ["--source", str(t / "model"), "--output_dir", str(t / "out")],
+        "config.json' has no model_type",
+        lambda w, t: _damaged_copy(
+            w, t, "config.json", lambda c: {k: v for k, v in c.items() if k != "model_type"}
+        ),
+    ),
     "translate with a config.json that is not JSON": Case(
         "translate",
         _translate("--overwrite", model="copy"),
