@@ -16,7 +16,6 @@ backend switch, no display needed) and saved as PNG files:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,6 +31,7 @@ from hf_vanilla.inference.decoding import paper_generation_kwargs
 from hf_vanilla.inference.translation import check_input_length
 from hf_vanilla.io.atomic import atomic_file
 from hf_vanilla.io.errors import CheckpointDeletedError
+from hf_vanilla.io.json_files import read_json
 from hf_vanilla.io.safe_loading import checkpoint_folders
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import sinusoidal_position_encoding
 
@@ -451,7 +451,7 @@ _LISTINGS = 3
 
 
 def _log_history(path: Path) -> list[dict[str, Any]]:
-    state = json.loads(path.read_text())
+    state = read_json(path)
     if "log_history" not in state:
         raise ValueError(f"{path} has no `log_history`: is it a Trainer's trainer_state.json?")
     return list(state["log_history"])

@@ -53,7 +53,7 @@ def help_parser() -> DataclassArgumentParser | None:
         description = json.loads(training_arguments_cache().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if description.get("transformers") != version("transformers"):
+    if not isinstance(description, dict) or description.get("transformers") != version("transformers"):
         return None
     parser = DataclassArgumentParser((TrainingModelArguments, DataArguments), **PARSER_KWARGS)
     ours: dict[str, tuple[dataclasses.Field, Any]] = {}

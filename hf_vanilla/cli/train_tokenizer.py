@@ -38,7 +38,7 @@ def _run(argv: list[str]) -> None:
         split=tok_args.split,
         max_pairs=tok_args.max_pairs,
     )
-    save_pretrained_atomic(tok_args.output_dir, tokenizer)
+    save_pretrained_atomic(tok_args.output_dir, tokenizer, checksums=True)  # load_tokenizer checks them
     logger.info("Saved a %d-token tokenizer to %s", len(tokenizer), tok_args.output_dir)
 
 

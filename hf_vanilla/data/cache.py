@@ -39,6 +39,8 @@ from transformers import PreTrainedTokenizerBase
 
 from hf_vanilla.data.loading import DataArguments
 from hf_vanilla.io.atomic import TEMPORARY_REMOVED, full_disk_named
+from hf_vanilla.io.errors import CorruptCheckpointError
+from hf_vanilla.io.json_files import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +114,10 @@ def load_cached(folder: str | Path) -> datasets.DatasetDict | None:
     manifest = folder / _MANIFEST
     if not manifest.is_file():
         return None
-    splits = json.loads(manifest.read_text(encoding="utf-8"))["splits"]
+    rebuild = f"Delete the cache folder {str(folder)!r}: the next run tokenizes the data again."
+    splits = read_json(manifest, hint=rebuild).get("splits")
+    if not isinstance(splits, list):
+        raise CorruptCheckpointError(f"{str(manifest)!r} is damaged: it names no splits. {rebuild}")
     return datasets.DatasetDict(
         {split: datasets.Dataset.from_file(str(folder / f"{split}.arrow")) for split in splits}
     )

@@ -350,7 +350,11 @@ def _iter_jsonl(path: Path, source_lang: str, target_lang: str) -> Iterator[Pair
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{str(path)!r}, line {number}: not valid JSON ({err}).") from err
+            raise ValueError(
+                f"{str(path)!r}, line {number}: not valid JSON ({err}). A .jsonl or .json data file holds one "
+                f'JSON object per line, like {{"translation": {{"{source_lang}": "...", "{target_lang}": "..."}}}}; '
+                "a JSON array over several lines is not read."
+            ) from err
         pair = record.get("translation") if isinstance(record, dict) else None
         if not isinstance(pair, dict) or not all(
             isinstance(pair.get(k), str) for k in (source_lang, target_lang)

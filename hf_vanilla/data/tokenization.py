@@ -35,6 +35,9 @@ from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast  # nei
 
 from hf_vanilla.data.options import TOKENIZER_SAMPLE_PAIRS, DataArguments
 from hf_vanilla.data.options import TokenizerArguments as TokenizerArguments  # its old home
+from hf_vanilla.io.errors import CorruptCheckpointError
+from hf_vanilla.io.json_files import read_json
+from hf_vanilla.io.manifest import verify_tokenizer_files
 
 if TYPE_CHECKING:  # each costs seconds to import (the Auto classes import torch); translation needs none
     import datasets
@@ -210,20 +213,38 @@ def _names_the_tokenizers_backend(folder: Path) -> bool:
     return named in ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
+#: What to do about a damaged tokenizer file.
+_RESAVE_TOKENIZER = (
+    "Save the tokenizer again (`tokenizer.save_pretrained`) or copy it from the folder it was trained into."
+)
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """Refuse a tokenizer folder with a damaged file, in one error naming it: a file that differs from the
+    folder's ``checksums.sha256`` (:func:`hf_vanilla.io.manifest.verify_tokenizer_files`), a JSON file that
+    is not JSON or not a JSON object, a ``tokenizer.json`` the tokenizers library cannot read."""
+    verify_tokenizer_files(folder)
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"):
+        if (folder / name).is_file():
+            read_json(folder / name, hint=_RESAVE_TOKENIZER)
+    path = folder / "tokenizer.json"
+    if path.is_file():
+        read_json(path, hint=_RESAVE_TOKENIZER)
+        try:
+            Tokenizer.from_file(str(path))
+        except Exception as err:  # the tokenizers library raises Exception itself for what it cannot parse
+            raise CorruptCheckpointError(
+                f"{str(path)!r} is damaged: it is JSON but not a tokenizer ({err}). {_RESAVE_TOKENIZER}"
+            ) from err
+
+
 def load_tokenizer(source: str | Path, **kwargs: Any) -> PreTrainedTokenizerBase:
     """`AutoTokenizer.from_pretrained(source, **kwargs)` (for this project's tokenizers the class it
     picks, loaded directly), with an error naming the folder or file and
     the cause when it cannot be loaded (a damaged `tokenizer.json`, a folder without a tokenizer)."""
     folder = Path(source)
-    if folder.is_dir() and (folder / "tokenizer.json").is_file():
-        path = folder / "tokenizer.json"
-        try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(
-                f"{str(path)!r} is damaged: it is not valid JSON ({err}). Save the tokenizer again "
-                "(`tokenizer.save_pretrained`) or copy it from the folder it was trained into."
-            ) from err
+    if folder.is_dir():
+        check_tokenizer_files(folder)
     try:
         if _names_the_tokenizers_backend(folder) and not kwargs.get("trust_remote_code"):
             return PreTrainedTokenizerFast.from_pretrained(str(source), **kwargs)  # what AutoTokenizer picks

@@ -15,6 +15,7 @@ from hf_vanilla.hub.folder import TRAINING_ARGS_JSON
 from hf_vanilla.hub.options import KNOWN_DATASETS, MULTI30K, DatasetCard, DatasetCardArguments
 from hf_vanilla.hub.record import read_training_record
 from hf_vanilla.io.checksums import weights_fingerprint
+from hf_vanilla.io.json_files import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ def card_data_recorded_in(folder: str | Path, args: DatasetCardArguments) -> Non
     recorded = Path(folder) / TRAINING_ARGS_JSON
     if args.dataset is not None or not recorded.is_file():
         return
-    values = json.loads(recorded.read_text(encoding="utf-8"))
+    values = read_json(recorded)
     if values.get("dataset") is None:
         return
     for card_field in fields(DatasetCardArguments):
@@ -300,7 +301,7 @@ def summarize_training(model_dir: str | Path) -> str:
     if record is not None and record.get("summary"):
         return record["summary"]
     state_file = Path(model_dir) / "trainer_state.json"
-    state = json.loads(state_file.read_text(encoding="utf-8")) if state_file.is_file() else None
+    state = read_json(state_file) if state_file.is_file() else None
     how = (
         f"with {record['trained_with']}"
         if record is not None

@@ -12,6 +12,7 @@ from typing import Any
 from huggingface_hub import ModelCard
 from transformers.dynamic_module_utils import get_relative_imports
 
+from hf_vanilla.io.manifest import write_manifest
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
@@ -68,18 +69,22 @@ def limit_tokenizer_length(tokenizer: Any, config: Any) -> None:
 def finish_model_folder(folder: str | Path) -> None:
     """Check a folder written by the model's ``save_pretrained`` (which makes it self-contained, see
     ``saving_vanilla_transformer``): weights in safetensors, ``auto_map`` and ``custom_pipelines`` with
-    their code files, no pickle."""
+    their code files, no pickle; then write its manifest (:func:`hf_vanilla.io.manifest.write_manifest`:
+    ``architecture.json`` and the checksums of its weights, tokenizer and code), which the loaders check."""
     _check_folder(Path(folder))
+    write_manifest(folder)
 
 
 def save_model_folder(model: Any, tokenizer: Any | None, folder: str | Path) -> Path:
     """The one writer of hf_vanilla model folders (demo, training output, averaged and converted models,
     the Hub folder): ``model.safetensors``, ``config.json`` with ``auto_map`` and ``custom_pipelines``,
-    the modeling, configuration, fast-path and pipeline code, ``generation_config.json`` and the tokenizer
-    (its ``model_max_length`` set by :func:`limit_tokenizer_length`). It loads with
+    the modeling, configuration, fast-path and pipeline code, ``generation_config.json``, the tokenizer
+    (its ``model_max_length`` set by :func:`limit_tokenizer_length`) and the manifest
+    (:func:`finish_model_folder`). It loads with
     ``AutoModelForSeq2SeqLM`` / ``AutoTokenizer`` ``.from_pretrained(folder, trust_remote_code=True)``
     and ``pipeline("vanilla-translation", model=folder, trust_remote_code=True)`` where hf_vanilla is
-    not installed; with hf_vanilla imported, its own classes are used instead.
+    not installed; with hf_vanilla imported, its own classes are used instead. Tokenizer files copied into
+    ``folder`` from elsewhere must be there before it is called, for the manifest to list them.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

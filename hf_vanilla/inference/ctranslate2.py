@@ -3,7 +3,6 @@ command that translates with a CTranslate2 export starts in about a second."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -15,11 +14,16 @@ from hf_vanilla.inference.options import (
     InferenceModelArguments,
     check_nbest,
 )
+from hf_vanilla.io.checksums import verify_checksums
+from hf_vanilla.io.json_files import read_json
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["CTranslate2Model", "is_ctranslate2_folder", "load_ctranslate2_and_tokenizer", "resolve_backend"]
+
+#: What to do about a damaged file of an export.
+_EXPORT_AGAIN = "Export the model again with hf-vanilla-export-ct2."
 
 
 def is_ctranslate2_folder(folder: str | Path) -> bool:
@@ -109,9 +113,10 @@ class CTranslate2Model:
                 f"--dtype {dtype}: CTranslate2 cannot compute in it on {device_type} (it can: "
                 f"{', '.join(sorted(supported))}); use --dtype auto or float32."
             )
+        verify_checksums(folder)  # the manifest the export wrote: weights, vocabularies, tokenizer
         self.folder = folder
         generation = folder / "generation_config.json"
-        defaults = json.loads(generation.read_text(encoding="utf-8")) if generation.is_file() else {}
+        defaults = read_json(generation, hint=_EXPORT_AGAIN) if generation.is_file() else {}
         self.max_length_offset = int(defaults.get("max_length_offset", 50))
         self.config = self._vocabulary_config(folder, defaults)
         try:
@@ -132,13 +137,13 @@ class CTranslate2Model:
         ``bos_token`` and ``eos_token``, and the pad id is not checked)."""
         shared = folder / "shared_vocabulary.json"
         if shared.is_file():
-            source = target = json.loads(shared.read_text(encoding="utf-8"))
+            source = target = read_json(shared, list, _EXPORT_AGAIN)
         else:
             source, target = (
-                json.loads((folder / f"{side}_vocabulary.json").read_text(encoding="utf-8"))
+                read_json(folder / f"{side}_vocabulary.json", list, _EXPORT_AGAIN)
                 for side in ("source", "target")
             )
-        ct2_config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        ct2_config = read_json(folder / "config.json", hint=_EXPORT_AGAIN)
         ids = {
             f"{name}_token_id": defaults.get(
                 f"{name}_token_id", target.index(token) if token in target else None

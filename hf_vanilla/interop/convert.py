@@ -37,12 +37,13 @@ from pathlib import Path
 import torch
 from huggingface_hub import ModelCard, ModelCardData, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
-from transformers import AutoConfig, FSMTForConditionalGeneration, MarianMTModel, PreTrainedModel
+from transformers import FSMTForConditionalGeneration, MarianMTModel, PreTrainedModel
 
 from hf_vanilla.hub.folder import save_model_folder
 from hf_vanilla.interop.options import ConversionArguments as ConversionArguments  # its old home
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
 from hf_vanilla.io.errors import CheckpointError
+from hf_vanilla.io.json_files import read_json
 from hf_vanilla.io.pickles import verify_pickle_file
 from hf_vanilla.io.safe_loading import load_pretrained_checked
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import (
@@ -356,7 +357,17 @@ def load_source_model(folder: str | Path, source_format: str = "auto") -> tuple[
     """Load the Marian or FSMT model in ``folder``; ``source_format`` ``"auto"`` reads ``config.json``."""
     if source_format not in ("auto", *SOURCE_FORMATS):
         raise ConversionError(f"Unknown source format {source_format!r}: choose 'auto', 'marian' or 'fsmt'.")
-    model_type = AutoConfig.from_pretrained(folder).model_type
+    config = Path(folder) / "config.json"
+    if not config.is_file():
+        raise ConversionError(
+            f"{str(folder)!r} has no config.json: give the folder of a Marian or FSMT model."
+        )
+    model_type = read_json(config).get("model_type")
+    if model_type is None:
+        raise ConversionError(
+            f"{str(config)!r} has no model_type, so the model it describes is unknown: it was damaged or written "
+            'by hand. Restore the config.json of the original model ("model_type": "marian" or "fsmt").'
+        )
     if model_type not in SOURCE_FORMATS:
         raise ConversionError(
             f"{str(folder)!r} holds a {model_type!r} model: hf_vanilla converts 'marian' (OPUS-MT) and "
@@ -471,8 +482,8 @@ def convert(
     model, model_type = load_source_model(folder, source_format)
     converted = convert_model(model)
     with atomic_directory(output_dir) as staged:
+        copied = _copy_side_files(folder, staged)  # first: the folder's manifest lists the tokenizer files
         save_model_folder(converted, None, staged)
-        copied = _copy_side_files(folder, staged)
         _write_model_card(source, model_type, staged, output_dir, from_hub=not Path(source).is_dir())
     if not any(name.startswith(("tokenizer", "vocab", "source.spm", "spiece")) for name in copied):
         logger.warning(

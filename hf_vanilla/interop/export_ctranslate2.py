@@ -34,13 +34,15 @@ import math
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from hf_vanilla.data.tokenization import check_tokenizer_matches_config
+from hf_vanilla.data.tokenization import check_tokenizer_matches_config, load_tokenizer
 from hf_vanilla.hub.folder import limit_tokenizer_length
 from hf_vanilla.interop.options import ExportArguments as ExportArguments  # its old home
 from hf_vanilla.interop.options import check_model_dir
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
+from hf_vanilla.io.errors import CheckpointError
+from hf_vanilla.io.manifest import write_manifest
 from hf_vanilla.io.safe_loading import load_pretrained_checked
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerAttention,
@@ -233,7 +235,9 @@ class VanillaTransformerConverter(Converter):
             self.model_dir, VanillaTransformerForConditionalGeneration, dtype=torch.float32
         )
         try:
-            tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+            tokenizer = load_tokenizer(self.model_dir)
+        except CheckpointError:  # a damaged tokenizer file: named as such
+            raise
         except (OSError, ValueError) as error:
             raise ValueError(
                 f"No usable tokenizer in {self.model_dir} ({error}): CTranslate2 works on token strings, so "
@@ -268,6 +272,7 @@ def export_ctranslate2(
         limit_tokenizer_length(tokenizer, model.config)
         tokenizer.save_pretrained(staged)  # the same tokenizer travels with the model
         model.generation_config.save_pretrained(staged)  # decoding defaults: max_length_offset
+        write_manifest(staged)  # checked by the ctranslate2 backend
     logger.info("Wrote the CTranslate2 model %s", output_dir)
     return str(output_dir)
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import uuid
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from hf_vanilla.io.errors import CorruptCheckpointError, damaged_file_hint
+from hf_vanilla.io.errors import CorruptCheckpointError, restore_hint
 
 __all__ = [
     "CHECKSUMS_NAME",
@@ -72,14 +74,16 @@ def _files_under(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS_NAME)
 
 
-def write_checksums(folder: str | Path) -> Path:
-    """Write ``checksums.sha256`` (``sha256sum`` format) for every file under ``folder``; returns its path.
+def write_checksums(folder: str | Path, files: Iterable[Path] | None = None) -> Path:
+    """Write ``checksums.sha256`` (``sha256sum`` format) for every file under ``folder`` (or for ``files``,
+    paths inside it); returns its path.
 
     Truncation is caught without it, but bytes damaged in place (a bad disk, a partial copy that kept
     the size) are only caught by a checksum.
     """
     folder = Path(folder)
-    lines = [f"{_sha256(p)}  {p.relative_to(folder).as_posix()}\n" for p in _files_under(folder)]
+    listed = _files_under(folder) if files is None else sorted(files)
+    lines = [f"{_sha256(p)}  {p.relative_to(folder).as_posix()}\n" for p in listed]
     target = folder / CHECKSUMS_NAME
     temporary = folder / f".{CHECKSUMS_NAME}.{uuid.uuid4().hex}"
     temporary.write_text("".join(lines), encoding="utf-8")
@@ -87,8 +91,9 @@ def write_checksums(folder: str | Path) -> Path:
     return target
 
 
-def verify_checksums(folder: str | Path) -> bool:
-    """Check the files of ``folder`` against its ``checksums.sha256``; ``False`` if it has no manifest.
+def verify_checksums(folder: str | Path, patterns: Sequence[str] | None = None) -> bool:
+    """Check the files of ``folder`` against its ``checksums.sha256`` (only those whose names match one of
+    ``patterns``, when given); ``False`` if it has no manifest.
 
     Raises :class:`CorruptCheckpointError` naming the first file that is missing or differs.
     """
@@ -102,12 +107,16 @@ def verify_checksums(folder: str | Path) -> bool:
         digest, sep, name = line.partition("  ")
         if not sep or len(digest) != 64:
             raise CorruptCheckpointError(f"{str(manifest)!r} line {number} is damaged: {line!r}.")
+        if patterns is not None and not any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            continue
         path = folder / name
         if not path.is_file():
-            raise CorruptCheckpointError(f"{str(path)!r} is listed in {CHECKSUMS_NAME} but missing.")
+            raise CorruptCheckpointError(
+                f"{str(path)!r} is listed in {CHECKSUMS_NAME} but missing.{restore_hint(path)}"
+            )
         if _sha256(path) != digest:
             raise CorruptCheckpointError(
                 f"{str(path)!r} is damaged: its sha256 differs from the one recorded in {CHECKSUMS_NAME} when the "
-                f"checkpoint was saved.{damaged_file_hint(path)}"
+                f"folder was saved.{restore_hint(path)}"
             )
     return True

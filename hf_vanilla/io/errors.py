@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "NonFiniteWeightsError",
     "UnsafeCheckpointError",
     "damaged_file_hint",
+    "restore_hint",
 ]
 
 
@@ -53,4 +55,15 @@ def damaged_file_hint(path: Path) -> str:
         " The file was probably cut short when a run was killed while saving, or damaged on disk. Resume "
         "from an earlier checkpoint (hf_vanilla.training.checkpoints.last_complete_checkpoint finds the newest whole "
         f"one), or delete {str(path.parent)!r}."
+    )
+
+
+def restore_hint(path: Path) -> str:
+    """What to do about a damaged file of ``path.parent``: a training checkpoint (``checkpoint-<step>``) is
+    replaced by an earlier one (:func:`damaged_file_hint`), any other folder by a good copy."""
+    if re.fullmatch(r"checkpoint-\d+", path.parent.name):
+        return damaged_file_hint(path)
+    return (
+        f" The file was damaged on disk or in a copy, or changed since: copy {str(path.parent)!r} again from "
+        "where it came from, or write it again with the command that wrote it."
     )

@@ -13,7 +13,8 @@ What this module guarantees, for every function that reads a folder:
 * **A damaged file is named, not crashed on** (:func:`verify_model_folder`, :func:`verify_checkpoint`).
   A folder is whole when its ``config.json`` parses, every ``*.safetensors`` file is as long as its
   header says, a Trainer checkpoint's ``trainer_state.json`` (written last) names the folder's step, and
-  a ``checksums.sha256`` manifest (:func:`write_checksums`), when present, matches. A failure raises
+  a ``checksums.sha256`` manifest (:func:`write_checksums`, :func:`hf_vanilla.io.manifest.write_manifest`),
+  when present, matches, and ``config.json`` agrees with ``architecture.json``. A failure raises
   :class:`CorruptCheckpointError` naming the file and what to do, instead of a stack trace from inside
   safetensors or pickle.
 * **Checked loaders** (:func:`load_pretrained_checked`, the one every command uses) run these checks
@@ -57,6 +58,8 @@ from hf_vanilla.io.errors import (
     NonFiniteWeightsError,
     damaged_file_hint,
 )
+from hf_vanilla.io.json_files import read_json
+from hf_vanilla.io.manifest import verify_config
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES, UNREAD_PICKLES, verify_pickle_file
 
 __all__ = [
@@ -157,13 +160,6 @@ def verify_safetensors_file(path: str | Path) -> None:
 # --------------------------------------------------------------------------------------------------
 # whole-folder checks
 # --------------------------------------------------------------------------------------------------
-def _check_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CorruptCheckpointError(f"{str(path)!r} is damaged: {err}.{damaged_file_hint(path)}") from err
-
-
 def _export_kind(folder: Path) -> tuple[str, str] | None:
     """What a folder without transformers weights holds when it is an export of hf_vanilla's (what it
     is, and how to run it), so that it is not taken for a damaged save."""
@@ -186,19 +182,22 @@ def verify_model_folder(folder: str | Path, *, checksums: bool = True) -> None:
     ``config.json`` must parse; the weights must be ``model.safetensors`` or a safetensors index with
     all its shards, each whole (:func:`verify_safetensors_file`); pickled weights
     (``pytorch_model*.bin``), when there are no safetensors, must be plain tensors. With
-    ``checksums``, a ``checksums.sha256`` manifest is checked too.
+    ``checksums``, a ``checksums.sha256`` manifest is checked too. ``config.json`` must be a valid config
+    that does not contradict the folder's ``architecture.json`` (:func:`hf_vanilla.io.manifest.verify_config`).
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"Model folder {str(folder)!r} does not exist.")
     if not (folder / "config.json").is_file():
         raise CorruptCheckpointError(f"{str(folder)!r} has no config.json: it is not a saved model folder.")
-    _check_json(folder / "config.json")
+    config = read_json(folder / "config.json")
+    if (folder / "generation_config.json").is_file():
+        read_json(folder / "generation_config.json")
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
     if single.exists():
         verify_safetensors_file(single)
     elif index.exists():
-        weight_map = _check_json(index).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise CorruptCheckpointError(f"{str(index)!r} is damaged: it has no weight_map.")
         for shard in sorted(set(weight_map.values())):
@@ -218,8 +217,15 @@ def verify_model_folder(folder: str | Path, *, checksums: bool = True) -> None:
             )
         for path in pickled:
             verify_pickle_file(path)
+    if "model_type" not in config:
+        raise CorruptCheckpointError(
+            f"{str(folder / 'config.json')!r} has no model_type, so no model class can be chosen for it: it was "
+            "damaged or written by hand. Restore the config.json saved with these weights (an hf_vanilla model's "
+            'has "model_type": "vanilla_transformer").'
+        )
     if checksums:
         verify_checksums(folder)
+    verify_config(folder)
 
 
 def checkpoint_step(path: str | Path) -> int | None:
@@ -273,9 +279,9 @@ def verify_checkpoint(
             f"{str(folder)!r} is incomplete: it has no {TRAINER_STATE_NAME}, which the Trainer writes last. The "
             f"run was probably killed while saving it.{damaged_file_hint(state_path)}"
         )
-    state = _check_json(state_path)
+    state = read_json(state_path)
     step = checkpoint_step(folder)
-    if step is not None and isinstance(state, dict) and state.get("global_step") != step:
+    if step is not None and state.get("global_step") != step:
         raise CorruptCheckpointError(
             f"{str(state_path)!r} records global_step {state.get('global_step')!r}, but the folder is named for "
             f"step {step}: the folder mixes files of two saves.{damaged_file_hint(state_path)}"
@@ -328,7 +334,7 @@ def _weight_files(folder: Path) -> list[Path]:
     if single.exists():
         return [single]
     if index.exists():
-        return [folder / shard for shard in sorted(set(_check_json(index)["weight_map"].values()))]
+        return [folder / shard for shard in sorted(set(read_json(index)["weight_map"].values()))]
     return sorted(folder.glob("pytorch_model*.bin"))
 
 
@@ -354,11 +360,42 @@ def _nonfinite_weights(folder: Path) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 # loading
 # --------------------------------------------------------------------------------------------------
-def check_loading_info(name: str | Path, info: dict[str, Any]) -> None:
+def _layer_pattern(name: str) -> str:
+    """``name`` with its layer numbers left out: the names a model of any depth has."""
+    return re.sub(r"\.\d+(?=\.|$)", ".#", name)
+
+
+def _foreign_names(model: torch.nn.Module, keys: Iterable[str]) -> list[str]:
+    """The tensor names among ``keys`` that no config of ``model``'s class would make it have: a module it
+    has at no depth, or a tensor name (``weight``, ``bias``, ...) none of its tensors has. A layer beyond
+    the model's depth, or a bias the config turned off, is not foreign: that is the config's doing."""
+    modules = {_layer_pattern(name) for name, _ in model.named_modules()}
+    leaves = {key.rsplit(".", 1)[-1] for key in model.state_dict()}
+    foreign = []
+    for key in keys:
+        module, _, leaf = key.rpartition(".")
+        if _layer_pattern(module) not in modules or leaf not in leaves:
+            foreign.append(key)
+    return sorted(foreign)
+
+
+def check_loading_info(name: str | Path, info: dict[str, Any], model: torch.nn.Module | None = None) -> None:
     """Refuse what ``from_pretrained(..., output_loading_info=True)`` reports: weights the model lacks
     (MISSING: left at random initialisation), weights it has no place for (UNEXPECTED: dropped) or of
     another shape (MISMATCHED). Tied weights (the shared ``lm_head``) and non-persistent buffers are not
-    saved and not reported. Raises :class:`ConfigMismatchError` naming the keys."""
+    saved and not reported. Raises :class:`ConfigMismatchError` naming the keys.
+
+    An unexpected name that no config would give ``model`` (:func:`_foreign_names`: a damaged name,
+    another model's weights) is blamed on the weights file, not on ``config.json``
+    (:class:`CorruptCheckpointError`)."""
+    if model is not None:
+        unknown = _foreign_names(model, info.get("unexpected_keys", ()))
+        if unknown:
+            shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+            raise CorruptCheckpointError(
+                f"{str(name)!r}: its weights file holds tensor names the model does not have ({shown}): the file "
+                "is damaged or holds another model's weights. Copy the folder again from where it came from."
+            )
     problems = []
     for kind, keys in (
         ("missing from the weights", sorted(info.get("missing_keys", ()))),
@@ -477,7 +514,7 @@ def load_pretrained_checked(
             model, info = model_class.from_pretrained(
                 str(private), output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
             )
-    check_loading_info(name, info)
+    check_loading_info(name, info, model)
     model.config.name_or_path = model.name_or_path = str(name)  # not the deleted copy
     setattr(model, _FINGERPRINT_ATTRIBUTE, fingerprint)
     return model

@@ -217,12 +217,12 @@ def _average_pinned(paths: Sequence[Path], pinned: Sequence[Path], output_dir: P
     model = load_pretrained_checked(newest)  # its config must describe the averaged weights
     _load_into_model(model, averaged, str(paths[-1]))
     with atomic_directory(output_dir) as staged:  # an old average stays whole until the new one is
-        save_model_folder(model, None, staged)  # self-contained: the modeling code travels with it
         copied = []
-        for name in TOKENIZER_FILES:
+        for name in TOKENIZER_FILES:  # first: the folder's manifest lists the tokenizer files
             if (newest / name).is_file():
                 shutil.copy2(newest / name, staged / name)
                 copied.append(name)
+        save_model_folder(model, None, staged)  # self-contained: the modeling code travels with it
         if not copied:
             logger.warning("%s has no tokenizer files; the averaged model folder has none either.", paths[-1])
         if (newest / TRAINING_ARGS_JSON).is_file():  # the run's arguments: the card's data among them

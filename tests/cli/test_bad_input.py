@@ -101,6 +101,57 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     )
 
 
+# Round three: scenes for what a model folder records and the JSON files a command reads
+def _flip_a_bit(weights: Path) -> None:
+    """One bit of the first tensor flipped in place: same size, same header, a huge but finite value."""
+    data = bytearray(weights.read_bytes())
+    header = int.from_bytes(data[:8], "little")
+    data[8 + header + 3] ^= 0x40
+    weights.write_bytes(bytes(data))
+
+
+def _halve_vocabulary(tokenizer_json: Path) -> None:
+    tokenizer = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    vocab = tokenizer["model"]["vocab"]
+    tokenizer["model"]["vocab"] = dict(list(vocab.items())[: len(vocab) // 2])
+    tokenizer_json.write_text(json.dumps(tokenizer), encoding="utf-8")
+
+
+def _edit_json(path: Path, **changes: Any) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text(encoding="utf-8")), **changes}), encoding="utf-8")
+
+
+def _run_model(world: World, tmp: Path, damage: Callable[[Path], None]) -> Path:
+    """The final model of the world's training run, copied to ``tmp/model`` and damaged by ``damage``."""
+    model = Path(shutil.copytree(world.run, tmp / "model", ignore=shutil.ignore_patterns("checkpoint-*")))
+    damage(model)
+    return _file(tmp)
+
+
+def _list_state(world: World, tmp: Path) -> None:
+    """A copy of the world's run whose trainer_state.json holds a list."""
+    run = Path(shutil.copytree(world.run, tmp / "run", ignore=shutil.ignore_patterns("checkpoint-*")))
+    (run / "trainer_state.json").write_text("[]", encoding="utf-8")
+
+
+def _damaged_export(world: World, tmp: Path, name: str) -> Path:
+    """A CTranslate2 export of the world's model whose JSON file ``name`` holds a list."""
+    (_ct2_export(world, tmp) / name).write_text("[]", encoding="utf-8")
+    return _file(tmp)
+
+
+def _damaged_copy(
+    world: World, tmp: Path, name: str, change: Callable[[Any], Any], text: str | None = None
+) -> Path:
+    """A copy of the world's model (no manifest) whose JSON file ``name`` holds ``change(its value)``, or
+    ``text``."""
+    path = _copy_model(world, tmp) / name
+    path.write_text(
+        text if text is not None else json.dumps(change(json.loads(path.read_text()))), encoding="utf-8"
+    )
+    return _file(tmp)
+
+
 # --------------------------------------------------------------------------------------------------
 # The table
 # --------------------------------------------------------------------------------------------------
@@ -789,7 +840,8 @@ CLI_CASES: dict[str, Case] = {
     "average a checkpoint whose config disagrees": Case(
         "average_checkpoints",
         _average_argv,
-        "missing from the weights: lm_head.weight",
+        "config.json' contradicts the weights it was saved with (tie_word_embeddings is false, recorded true in "
+        "architecture.json)",
         lambda w, t: _average_copies(w, t, functools.partial(_edited_config, tie_word_embeddings=False)),
     ),
     "fine-tune a model whose config disagrees": Case(
@@ -902,6 +954,89 @@ CLI_CASES: dict[str, Case] = {
         ),
         "is the input",
         lambda w, t: _model_inside(w, t),
+    ),
+    # Round three: what a model folder records, and the JSON files a command reads
+    "translate with a flipped bit in a training run's final model": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "model.safetensors' is damaged: its sha256 differs from the one recorded in checksums.sha256",
+        lambda w, t: _run_model(w, t, lambda m: _flip_a_bit(m / "model.safetensors")),
+    ),
+    "translate with a run's tokenizer.json that lost tokens but is still JSON": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "tokenizer.json' is damaged: its sha256 differs from the one recorded in checksums.sha256",
+        lambda w, t: _run_model(w, t, lambda m: _halve_vocabulary(m / "tokenizer.json")),
+    ),
+    "translate with scale_embedding edited in a run's config.json": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "config.json' contradicts the weights it was saved with (scale_embedding is false, recorded true",
+        lambda w, t: _run_model(w, t, lambda m: _edit_json(m / "config.json", scale_embedding=False)),
+    ),
+    "translate with a config.json without model_type": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "config.json' has no model_type",
+        lambda w, t: _damaged_copy(
+            w, t, "config.json", lambda c: {k: v for k, v in c.items() if k != "model_type"}
+        ),
+    ),
+    "translate with a tokenizer.json that is JSON but not a tokenizer": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "tokenizer.json' is damaged: it is JSON but not a tokenizer",
+        lambda w, t: _damaged_copy(w, t, "tokenizer.json", lambda c: {"model": {"type": "BPE", "vocab": 7}}),
+    ),
+    "translate with a tokenizer.json that is a JSON list": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "tokenizer.json' is damaged: it holds a JSON list",
+        lambda w, t: _damaged_copy(w, t, "tokenizer.json", lambda c: [c]),
+    ),
+    "translate with a tokenizer_config.json that is a JSON list": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "tokenizer_config.json' is damaged: it holds a JSON list",
+        lambda w, t: _damaged_copy(w, t, "tokenizer_config.json", lambda c: [c]),
+    ),
+    "translate with a generation_config.json that is a JSON number": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "generation_config.json' is damaged: it holds a JSON int",
+        lambda w, t: _damaged_copy(w, t, "generation_config.json", lambda c: 4),
+    ),
+    "plot a run whose trainer_state.json is a JSON list": Case(
+        "plot",
+        lambda w, t: ["--training_run", str(t / "run"), "--output_dir", str(t), "--overwrite"],
+        "trainer_state.json' is damaged: it holds a JSON list",
+        lambda w, t: (_list_state(w, t), _file(t, "training_curves.png"))[1],
+    ),
+    "translate with a CTranslate2 export whose generation_config.json is a JSON list": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "generation_config.json' is damaged: it holds a JSON list",
+        lambda w, t: _damaged_export(w, t, "generation_config.json"),
+    ),
+    "convert a source whose config.json is a JSON list": Case(
+        "convert",
+        lambda w, t: ["--source", str(t / "model"), "--output_dir", str(t / "out")],
+        "config.json' is damaged: it holds a JSON list",
+        lambda w, t: _damaged_copy(w, t, "config.json", lambda c: [c]),
+    ),
+    "convert a source whose config.json has no model_type": Case(
+        "convert",
+        lambda w, t: ["--source", str(t / "model"), "--output_dir", str(t / "out")],
+        "config.json' has no model_type",
+        lambda w, t: _damaged_copy(
+            w, t, "config.json", lambda c: {k: v for k, v in c.items() if k != "model_type"}
+        ),
+    ),
+    "translate with a config.json that is not JSON": Case(
+        "translate",
+        _translate("--overwrite", model="copy"),
+        "config.json' is damaged: it is not JSON",
+        lambda w, t: _damaged_copy(w, t, "config.json", lambda c: None, text='{"d_model": 3'),
     ),
 }
 
@@ -1471,6 +1606,7 @@ def test_a_damaged_ctranslate2_model_is_one_line_naming_the_file(
     export_ctranslate2(world.model, tmp_path / "ct2")
     weights = tmp_path / "ct2" / "model.bin"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    (tmp_path / "ct2" / "checksums.sha256").unlink()  # an export without a manifest: CTranslate2 finds it
     argv = [
         "--model_name_or_path",
         str(tmp_path / "ct2"),

@@ -15,7 +15,7 @@ import pytest
 from helpers import word_tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from hf_vanilla.data.cache import cached_tokenization, data_fingerprint
+from hf_vanilla.data.cache import cached_tokenization, data_fingerprint, load_cached
 from hf_vanilla.data.loading import DataArguments, load_from_args
 from hf_vanilla.data.tokenization import tokenize_translations
 
@@ -123,3 +123,10 @@ def test_a_killed_build_leaves_no_cache(tmp_path: Path) -> None:
     assert list(root.iterdir()) == []
     run.run(root)
     assert run.tokenizations == 1
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"splits": 3}'])
+def test_a_damaged_cache_record_is_named_with_what_to_do(content: str, tmp_path: Path) -> None:
+    (tmp_path / "hf_vanilla_tokenized.json").write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"hf_vanilla_tokenized\.json' is damaged.*Delete the cache folder"):
+        load_cached(tmp_path)

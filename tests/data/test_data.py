@@ -113,6 +113,9 @@ def test_bad_jsonl(tmp_path: Path) -> None:
     path = write(tmp_path / "x.jsonl", [json.dumps({"translation": {"en": "a", "fr": "b"}})])
     with pytest.raises(ValueError, match=r"x\.jsonl.*line 1.*\"de\""):
         load_local_files({"train": [str(path)]}, "en", "de")
+    array = write(tmp_path / "a.json", ["[", json.dumps({"translation": {"en": "a", "de": "b"}}), "]"])
+    with pytest.raises(ValueError, match=r"a\.json', line 1: not valid JSON .*one JSON object per line"):
+        load_local_files({"train": [str(array)]}, "en", "de")
 
 
 def test_swapped_files_are_caught(tmp_path: Path) -> None:

@@ -137,8 +137,8 @@ def test_export_needs_the_tokenizer_and_a_new_folder(
     export_ctranslate2(tmp_path / "model", tmp_path / "ct2", overwrite=True)
     # the tokenizer and decoding defaults travel with the model, for hf-vanilla-translate
     assert sorted(p.name for p in (tmp_path / "ct2").iterdir()) == [
-        "config.json", "generation_config.json", "model.bin", "shared_vocabulary.json", "tokenizer.json",
-        "tokenizer_config.json",
+        "checksums.sha256", "config.json", "generation_config.json", "model.bin", "shared_vocabulary.json",
+        "tokenizer.json", "tokenizer_config.json",
     ]  # fmt: skip
 
 
