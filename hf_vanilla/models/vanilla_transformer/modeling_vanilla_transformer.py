@@ -8,7 +8,7 @@ checks and resizing in :mod:`vocabulary_vanilla_transformer`, ``save_pretrained`
 :mod:`saving_vanilla_transformer`), so a saved folder loads with ``trust_remote_code=True`` alone.
 
 CPU speed-ups are not here: attention reaches its kernel through transformers' attention interface
-(``ATTENTION_FUNCTIONS``), the linear layers (``self.q_proj(x)``) through the ``forward`` that
+(``ALL_ATTENTION_FUNCTIONS``), the linear layers (``self.q_proj(x)``) through the ``forward`` that
 ``fast_paths.FastLinearsMixin`` gives them, the rest through calls to :mod:`fast_paths`, each computing
 what its stock fallback computes, which it takes wherever it was not measured or would be visible. ``HF_VANILLA_FAST_PATHS=0`` (read at import) or
 ``fast_paths.set_enabled(False)`` turns them all off.
@@ -221,9 +221,10 @@ def sdpa_or_eager_attention_forward(
 
 
 #: transformers' attention functions, this model's own entry for SDPA (transformers' extension point
-#: for a model that overrides a kernel locally: its own ``AttentionInterface`` instance).
-ATTENTION_FUNCTIONS = AttentionInterface()
-ATTENTION_FUNCTIONS["sdpa"] = sdpa_or_eager_attention_forward
+#: for a model that overrides a kernel locally: its own ``AttentionInterface`` instance). The name is the
+#: one ``set_attn_implementation`` looks for in a model's source before it switches kernels at run time.
+ALL_ATTENTION_FUNCTIONS = AttentionInterface()
+ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa_or_eager_attention_forward
 
 
 class VanillaTransformerAttention(nn.Module):
@@ -296,7 +297,7 @@ class VanillaTransformerAttention(nn.Module):
         groups = batch // key.shape[0]  # hypotheses per sentence; 1 except in grouped cross-attention
         query = query.view(batch // groups, groups * length, self.num_heads, self.head_dim).transpose(1, 2)
 
-        attention_interface: Callable = ATTENTION_FUNCTIONS.get_interface(
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
         if isinstance(attention_mask, torch.Tensor) and attention_mask.device != query.device:  # pipelines
