@@ -1,3 +1,16 @@
+# Copyright 2026 The hf_vanilla authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
 """Configuration of the original Transformer (Vaswani et al., 2017): defaults are the *base* model of Table 3.
 
 Paper symbols → HF seq2seq names: N → ``encoder_layers``/``decoder_layers`` (6); d_model → ``d_model`` (512);

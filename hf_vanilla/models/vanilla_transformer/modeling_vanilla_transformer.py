@@ -1,3 +1,16 @@
+# Copyright 2026 The hf_vanilla authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
 """The original Transformer: Vaswani et al. (2017), "Attention Is All You Need", arXiv:1706.03762.
 
 The file follows the paper: decoder inputs and §3.5 positional encoding, §3.2.1 Eq. (1), §3.2.2
@@ -449,6 +462,8 @@ class VanillaTransformerPreTrainedModel(VanillaTransformerSavingMixin, FastLinea
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        else:  # any other module type transformers initialises (this model has none today)
+            super()._init_weights(module)
         if isinstance(getattr(module, "final_logits_bias", None), torch.Tensor):
             init.zeros_(module.final_logits_bias)  # deviation 6 (Marian's bias), zero unless loaded
 
@@ -472,6 +487,7 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__(config)
         self.embed_tokens = embed_tokens
+        # CODEPATH: the paper's model (§3.4), FSMT and some OPUS-MT models scale by √d_model; most OPUS-MT models do not.
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = VanillaTransformerPositionalEncoding.from_config(config)
         self.layers = nn.ModuleList(
@@ -522,6 +538,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__(config)
         self.embed_tokens = embed_tokens
+        # CODEPATH: the paper's model (§3.4), FSMT and some OPUS-MT models scale by √d_model; most OPUS-MT models do not.
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = VanillaTransformerPositionalEncoding.from_config(config)
         self.layers = nn.ModuleList(
@@ -623,6 +640,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         super().__init__(config)
         self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
         target_embeddings = self.shared
+        # CODEPATH: the paper's model and OPUS-MT models with one vocabulary share one embedding matrix; FSMT and OPUS-MT models with two vocabularies do not.
         if not config.share_encoder_decoder_embeddings:
             target_embeddings = nn.Embedding(
                 config.target_vocab_size, config.d_model, padding_idx=config.pad_token_id
@@ -638,6 +656,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.shared = value
         self.encoder.embed_tokens = value
+        # CODEPATH: the paper's model and OPUS-MT models with one vocabulary share one embedding matrix; FSMT and OPUS-MT models with two vocabularies do not.
         if self.config.share_encoder_decoder_embeddings:
             self.decoder.embed_tokens = value
 
@@ -770,10 +789,12 @@ class VanillaTransformerForConditionalGeneration(
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.target_vocab_size, bias=False)
+        # CODEPATH: the paper's model and OPUS-MT models with one vocabulary share one embedding matrix; FSMT and OPUS-MT models with two vocabularies do not.
         if not config.share_encoder_decoder_embeddings:  # deviation 6: tie to the target embedding
             self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+        # CODEPATH: OPUS-MT (Marian) models carry a fixed logits bias; the paper's model and FSMT do not.
         if config.final_logits_bias:  # deviation 6 (Marian): a fixed bias on the logits
-            self.register_buffer("final_logits_bias", torch.zeros(1, config.target_vocab_size))
+            self.final_logits_bias = nn.Buffer(torch.zeros(1, config.target_vocab_size))
         self.post_init()
         self._set_paper_generation_defaults()
 
@@ -848,6 +869,7 @@ class VanillaTransformerForConditionalGeneration(
             output_hidden_states=output_hidden_states,
         )
         hidden_states = outputs.last_hidden_state  # (B, T, D)
+        # CODEPATH: OPUS-MT (Marian) models carry a fixed logits bias; the paper's model and FSMT do not.
         bias = self.final_logits_bias if self.config.final_logits_bias else None  # (1, V)
         loss = total = None
         if labels is not None:
