@@ -25,7 +25,7 @@ FIX = f'pip install "transformers{TRANSFORMERS_REQUIREMENT}"'
 
 def test_pyproject_allows_the_releases_the_model_code_supports() -> None:
     requirements = re.findall(
-        r'^\s*"(transformers[^"]*)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE
+        r'^\s*"(transformers[<>=!~][^"]*)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE
     )
     assert requirements == [f"transformers{TRANSFORMERS_REQUIREMENT}"]
 
