@@ -18,7 +18,6 @@ FOLDER_CODE = ROOT / "hf_vanilla" / "models" / "vanilla_transformer"
 LEFT_OFF = {
     "TRF023": "`d_model` is the paper's name and the field in every saved config.json (as in MarianConfig); `attribute_map` gives `hidden_size`.",
     "TRF029": "The encoder's and the decoder's attention take their own head counts (`encoder_attention_heads`, `decoder_attention_heads`), as Marian's do.",
-    "TRF045": "The seq2seq forwards hand output_attentions/output_hidden_states to the encoder and decoder by name; taking them in **kwargs, as Marian does, would also pass every other keyword to the attention kernels.",
     "TRF057": "@auto_docstring replaces the paper-referenced docstrings with generic text and logs an [ERROR] at import for each of the 8 fields and arguments it has no stock text for.",
 }  # fmt: skip
 
