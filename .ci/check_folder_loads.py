@@ -18,10 +18,10 @@ import tempfile
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+import transformers
 
-import transformers  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # tests/helpers.py: the tiny model and the hf_vanilla import block
 
 SENTENCES = ["w1 w2 w3", "w4", "w5 w6"]
 
