@@ -682,7 +682,9 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         **kwargs: object,
     ) -> Seq2SeqModelOutput:
         """Source (B, S) and decoder inputs (B, T) → decoder output (B, T, D). The old name of
-        ``cache``, ``past_key_values``, still works and gives transformers' deprecation warning."""
+        ``cache``, ``past_key_values``, still works and gives transformers' deprecation warning. Other
+        keywords (``output_attentions``, ``output_hidden_states``) go on to the encoder and the decoder, whose
+        output capturing reads them, as in ``MarianModel``."""
         if cache is not None and not isinstance(cache, EncoderDecoderCache):
             raise TypeError(
                 f"`cache` must be an EncoderDecoderCache (self- and cross-attention), got {type(cache).__name__}."
