@@ -7,21 +7,52 @@ Importing the package registers ``vanilla_transformer`` with ``AutoConfig``, ``A
 The import itself is light (no torch, no transformers): the registration runs as soon as transformers'
 Auto classes or pipelines are imported (at once if they already are), and the public names below are
 imported on first use. A command's ``--help`` therefore answers without loading torch (docs/performance.md).
+
+On a transformers release outside the range the model code supports, the import stops with one line naming
+that range and the fix.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
+import re
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 __version__ = "0.1.0"
 
 _MODELS = "hf_vanilla.models.vanilla_transformer"
+
+
+def _check_transformers() -> None:
+    """Run the model code's check of the installed transformers release. The supported range and its test live
+    in the configuration file, which imports transformers; they are read from its source, so that the
+    import stays light."""
+    path = Path(__file__).parent / "models" / "vanilla_transformer" / "configuration_vanilla_transformer.py"
+    wanted = {"TRANSFORMERS_REQUIREMENT", "check_transformers_version"}
+    nodes = [
+        node
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if (isinstance(node, ast.FunctionDef) and node.name in wanted)
+        or (isinstance(node, ast.Assign) and {getattr(t, "id", None) for t in node.targets} & wanted)
+    ]
+    namespace: dict[str, Any] = {"re": re}
+    exec(compile(ast.Module(nodes, type_ignores=[]), str(path), "exec"), namespace)
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(not installed)"
+    namespace["check_transformers_version"](version)
+
+
+_check_transformers()
 
 #: Public name -> the module it is defined in (imported by :func:`__getattr__` on first use).
 _PUBLIC = {

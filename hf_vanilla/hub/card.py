@@ -9,6 +9,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import transformers
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from hf_vanilla.hub.folder import TRAINING_ARGS_JSON
@@ -16,6 +17,7 @@ from hf_vanilla.hub.options import KNOWN_DATASETS, MULTI30K, DatasetCard, Datase
 from hf_vanilla.hub.record import read_training_record
 from hf_vanilla.io.checksums import weights_fingerprint
 from hf_vanilla.io.json_files import read_json
+from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import TRANSFORMERS_REQUIREMENT
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +154,8 @@ def render_model_card(
         training_summary=training_summary,
         example_source=example_source or f"<a sentence in {_LANGUAGE_NAMES.get(source_lang, source_lang)}>",
         training_examples=list(training_examples),
+        transformers_requirement=TRANSFORMERS_REQUIREMENT,
+        transformers_version=transformers.__version__,
     )
 
 

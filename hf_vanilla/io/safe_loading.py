@@ -494,7 +494,7 @@ def load_pretrained_checked(
             model, info = model_class.from_pretrained(
                 str(name), output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
             )
-        check_loading_info(name, info)
+        check_loading_info(name, info, model)
         return model
     if checkpoint_step(name) is None:
         verify_model_folder(name)

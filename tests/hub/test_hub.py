@@ -31,6 +31,7 @@ from hf_vanilla.hub.record import read_training_record, write_training_record
 from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.io.checksums import weights_fingerprint
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES
+from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import TRANSFORMERS_REQUIREMENT
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,6 +86,15 @@ def test_card_says_when_gnmt_rescoring_was_used(model) -> None:
     text = card_for(model, DecodingOptions(length_penalty_type="gnmt")).text
     assert "GNMT length penalty ((5+|Y|)/6)^0.6 applied by rescoring" in text
     assert "not inside the search" in text
+
+
+def test_card_tells_to_pin_a_revision_and_names_the_transformers_releases(model) -> None:
+    """Remote code runs what the repository holds at download: the card says how to pin the reviewed files,
+    which releases the code runs on, and which release wrote the card."""
+    text = " ".join(card_for(model).text.split())
+    assert 'from_pretrained("someone/tiny-transformer", trust_remote_code=True, revision="<commit>")' in text
+    assert f"The code runs on transformers `{TRANSFORMERS_REQUIREMENT}`" in text
+    assert f"This card was written with transformers {transformers.__version__}." in text
 
 
 def test_card_needs_measured_scores(model) -> None:

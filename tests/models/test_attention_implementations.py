@@ -146,6 +146,24 @@ def test_sdpa_equals_eager(folder: Path) -> None:
     _assert_same(_forward_and_decode(_load(folder, "sdpa")), expected, 1e-5)
 
 
+def test_set_attn_implementation_switches_every_layer_at_run_time(folder: Path) -> None:
+    """``model.set_attn_implementation`` switches a loaded model's kernel, as on MarianMTModel: every
+    attention layer then gives what a model loaded with that kernel gives, and eager equals SDPA."""
+    model = _load(folder, "sdpa")
+    for implementation in ("eager", "sdpa"):
+        model.set_attn_implementation(implementation)
+        configs = {
+            module.self_attn.config._attn_implementation
+            for module in model.modules()
+            if hasattr(module, "self_attn")
+        }
+        assert configs == {implementation}
+        _assert_same(_forward_and_decode(model), _forward_and_decode(_load(folder, implementation)), 0)
+    sdpa = _forward_and_decode(model)
+    model.set_attn_implementation("eager")
+    _assert_same(_forward_and_decode(model), sdpa, 1e-5)
+
+
 #: Where flex attention fails on the CPU, for MarianMTModel as for this model.
 FLEX_CPU_BUG = (
     "torch 2.13's Inductor CPU template for flex attention emits C++ that does not compile "

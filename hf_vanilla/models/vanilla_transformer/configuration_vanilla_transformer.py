@@ -1,3 +1,16 @@
+# Copyright 2026 The hf_vanilla authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
 """Configuration of the original Transformer (Vaswani et al., 2017): defaults are the *base* model of Table 3.
 
 Paper symbols → HF seq2seq names: N → ``encoder_layers``/``decoder_layers`` (6); d_model → ``d_model`` (512);
@@ -7,10 +20,34 @@ one shared matrix (§3.4), sinusoidal PE (§3.5). Types and choices: transformer
 """
 
 import copy
+import re
 from typing import Any, Literal, get_args
 
+import transformers
 from huggingface_hub.dataclasses import strict
 from transformers import PretrainedConfig
+
+#: The transformers releases this code runs on, as pip writes a requirement (pyproject.toml states the same;
+#: hf_vanilla checks it at import, and a model folder's code at its first import). The floor is 5.24: that
+#: release renamed the models' ``past_key_values`` argument and output field to ``cache``, which the model
+#: and its decoding use throughout. Earlier releases load a folder, then fail in every ``generate()`` (5.18
+#: to 5.23), or fail to load it (5.0); supporting them would mean both names in every cache read and write.
+TRANSFORMERS_REQUIREMENT = ">=5.24,<6"
+
+
+def check_transformers_version(version: str) -> None:
+    """Raise an ``ImportError`` of one line naming the supported releases and the fix when ``version`` (a
+    transformers release, e.g. ``"5.25.0"`` or ``"5.26.0.dev0"``) is outside :data:`TRANSFORMERS_REQUIREMENT`."""
+    floor_major, floor_minor, below_major = map(int, re.findall(r"\d+", TRANSFORMERS_REQUIREMENT))
+    release = tuple(map(int, re.findall(r"\d+", version)[:2]))
+    if not (floor_major, floor_minor) <= release < (below_major,):
+        raise ImportError(
+            f"This model code runs on transformers{TRANSFORMERS_REQUIREMENT}, found transformers {version}: "
+            f'pip install "transformers{TRANSFORMERS_REQUIREMENT}"'
+        )
+
+
+check_transformers_version(transformers.__version__)  # before the config class, which older releases refuse
 
 Activation = Literal["relu", "gelu", "gelu_new", "swish", "silu"]
 #: The feed-forward activations the model supports; the paper's is ``"relu"`` (§3.3).

@@ -1,3 +1,16 @@
+# Copyright 2026 The hf_vanilla authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
 """The original Transformer: Vaswani et al. (2017), "Attention Is All You Need", arXiv:1706.03762.
 
 The file follows the paper: decoder inputs and §3.5 positional encoding, §3.2.1 Eq. (1), §3.2.2
@@ -8,7 +21,7 @@ checks and resizing in :mod:`vocabulary_vanilla_transformer`, ``save_pretrained`
 :mod:`saving_vanilla_transformer`), so a saved folder loads with ``trust_remote_code=True`` alone.
 
 CPU speed-ups are not here: attention reaches its kernel through transformers' attention interface
-(``ATTENTION_FUNCTIONS``), the linear layers (``self.q_proj(x)``) through the ``forward`` that
+(``ALL_ATTENTION_FUNCTIONS``), the linear layers (``self.q_proj(x)``) through the ``forward`` that
 ``fast_paths.FastLinearsMixin`` gives them, the rest through calls to :mod:`fast_paths`, each computing
 what its stock fallback computes, which it takes wherever it was not measured or would be visible. ``HF_VANILLA_FAST_PATHS=0`` (read at import) or
 ``fast_paths.set_enabled(False)`` turns them all off.
@@ -221,9 +234,10 @@ def sdpa_or_eager_attention_forward(
 
 
 #: transformers' attention functions, this model's own entry for SDPA (transformers' extension point
-#: for a model that overrides a kernel locally: its own ``AttentionInterface`` instance).
-ATTENTION_FUNCTIONS = AttentionInterface()
-ATTENTION_FUNCTIONS["sdpa"] = sdpa_or_eager_attention_forward
+#: for a model that overrides a kernel locally: its own ``AttentionInterface`` instance). The name is the
+#: one ``set_attn_implementation`` looks for in a model's source before it switches kernels at run time.
+ALL_ATTENTION_FUNCTIONS = AttentionInterface()
+ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa_or_eager_attention_forward
 
 
 class VanillaTransformerAttention(nn.Module):
@@ -296,7 +310,7 @@ class VanillaTransformerAttention(nn.Module):
         groups = batch // key.shape[0]  # hypotheses per sentence; 1 except in grouped cross-attention
         query = query.view(batch // groups, groups * length, self.num_heads, self.head_dim).transpose(1, 2)
 
-        attention_interface: Callable = ATTENTION_FUNCTIONS.get_interface(
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
         if isinstance(attention_mask, torch.Tensor) and attention_mask.device != query.device:  # pipelines
@@ -448,6 +462,8 @@ class VanillaTransformerPreTrainedModel(VanillaTransformerSavingMixin, FastLinea
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        else:  # any other module type transformers initialises (this model has none today)
+            super()._init_weights(module)
         if isinstance(getattr(module, "final_logits_bias", None), torch.Tensor):
             init.zeros_(module.final_logits_bias)  # deviation 6 (Marian's bias), zero unless loaded
 
@@ -471,6 +487,7 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__(config)
         self.embed_tokens = embed_tokens
+        # CODEPATH: the paper's model (§3.4), FSMT and some OPUS-MT models scale by √d_model; most OPUS-MT models do not.
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = VanillaTransformerPositionalEncoding.from_config(config)
         self.layers = nn.ModuleList(
@@ -521,6 +538,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__(config)
         self.embed_tokens = embed_tokens
+        # CODEPATH: the paper's model (§3.4), FSMT and some OPUS-MT models scale by √d_model; most OPUS-MT models do not.
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = VanillaTransformerPositionalEncoding.from_config(config)
         self.layers = nn.ModuleList(
@@ -622,6 +640,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         super().__init__(config)
         self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
         target_embeddings = self.shared
+        # CODEPATH: the paper's model and OPUS-MT models with one vocabulary share one embedding matrix; FSMT and OPUS-MT models with two vocabularies do not.
         if not config.share_encoder_decoder_embeddings:
             target_embeddings = nn.Embedding(
                 config.target_vocab_size, config.d_model, padding_idx=config.pad_token_id
@@ -637,6 +656,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.shared = value
         self.encoder.embed_tokens = value
+        # CODEPATH: the paper's model and OPUS-MT models with one vocabulary share one embedding matrix; FSMT and OPUS-MT models with two vocabularies do not.
         if self.config.share_encoder_decoder_embeddings:
             self.decoder.embed_tokens = value
 
@@ -659,22 +679,16 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         **kwargs: object,
     ) -> Seq2SeqModelOutput:
         """Source (B, S) and decoder inputs (B, T) → decoder output (B, T, D). The old name of
-        ``cache``, ``past_key_values``, still works and gives transformers' deprecation warning."""
+        ``cache``, ``past_key_values``, still works and gives transformers' deprecation warning. Other
+        keywords (``output_attentions``, ``output_hidden_states``) go on to the encoder and the decoder, whose
+        output capturing reads them, as in ``MarianModel``."""
         if cache is not None and not isinstance(cache, EncoderDecoderCache):
             raise TypeError(
                 f"`cache` must be an EncoderDecoderCache (self- and cross-attention), got {type(cache).__name__}."
             )
-        output_attentions = (
-            output_attentions if output_attentions is not None else self.config.output_attentions
-        )
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             raise ValueError(
@@ -695,8 +709,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 inputs_embeds=inputs_embeds,
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
+                **kwargs,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(
@@ -712,8 +725,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -769,10 +781,12 @@ class VanillaTransformerForConditionalGeneration(
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.target_vocab_size, bias=False)
+        # CODEPATH: the paper's model and OPUS-MT models with one vocabulary share one embedding matrix; FSMT and OPUS-MT models with two vocabularies do not.
         if not config.share_encoder_decoder_embeddings:  # deviation 6: tie to the target embedding
             self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+        # CODEPATH: OPUS-MT (Marian) models carry a fixed logits bias; the paper's model and FSMT do not.
         if config.final_logits_bias:  # deviation 6 (Marian): a fixed bias on the logits
-            self.register_buffer("final_logits_bias", torch.zeros(1, config.target_vocab_size))
+            self.final_logits_bias = nn.Buffer(torch.zeros(1, config.target_vocab_size))
         self.post_init()
         self._set_paper_generation_defaults()
 
@@ -813,8 +827,6 @@ class VanillaTransformerForConditionalGeneration(
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs: object,
     ) -> Seq2SeqLMOutput:
@@ -843,10 +855,10 @@ class VanillaTransformerForConditionalGeneration(
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            **kwargs,
         )
         hidden_states = outputs.last_hidden_state  # (B, T, D)
+        # CODEPATH: OPUS-MT (Marian) models carry a fixed logits bias; the paper's model and FSMT do not.
         bias = self.final_logits_bias if self.config.final_logits_bias else None  # (1, V)
         loss = total = None
         if labels is not None:
