@@ -164,7 +164,8 @@ def check_averaging_is_possible(
 def _saved_model(model_args: TrainingModelArguments, saved: str, resumed: bool) -> PreTrainedModel:
     """Load ``saved`` after checking the flags against its config: sizes (and ``--init_std``) that differ
     are refused, since loading cannot change them; ``--dropout`` is applied when fine-tuning and refused
-    when resuming (a resumed run continues the one it was)."""
+    when resuming (a resumed run continues the one it was). Half-precision weights are upcast to float32
+    (:func:`_float32_master_weights`)."""
     verify_model_folder(saved)  # a damaged or unsafe file: an error naming it
     config = AutoConfig.from_pretrained(saved)
     what = f"the resumed checkpoint {saved}" if resumed else f"the model {saved}"
@@ -191,7 +192,32 @@ def _saved_model(model_args: TrainingModelArguments, saved: str, resumed: bool) 
             "Fine-tuning %s with --dropout %g instead of its dropout %g.", saved, dropout, config.dropout
         )
         kwargs["dropout"] = dropout
-    return load_pretrained_checked(saved, **kwargs)  # NaN weights or a config that disagrees: refused
+    model = load_pretrained_checked(saved, **kwargs)  # NaN weights or a config that disagrees: refused
+    return _float32_master_weights(model, saved)
+
+
+#: Weights that train badly in place: Adam's ε = 1e-9 and small updates underflow in them.
+_HALF_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _float32_master_weights(model: PreTrainedModel, saved: str) -> PreTrainedModel:
+    """``model`` with float32 weights: half-precision ones (a folder saved after ``model.half()``) are
+    upcast, with one info line, since training them in place underflows Adam's ε and the small updates
+    (the loss climbs, translations come out blank). ``--fp16`` / ``--bf16`` then train in mixed
+    precision on top of these master weights, as for a fresh model."""
+    half = sorted(
+        {str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.dtype in _HALF_PRECISION}
+    )
+    if half:
+        logger.info(
+            "%s holds %s weights: training upcasts them to float32 master weights (--fp16 or --bf16 train in "
+            "mixed precision on top of them).",
+            saved,
+            " and ".join(half),
+        )
+        model.float()
+        model.config.dtype = torch.float32  # what the saved config.json will say
+    return model
 
 
 def build_model(

@@ -354,6 +354,45 @@ def test_resume_from_checkpoint_continues_the_same_run(tmp_path: Path, tokenizer
     assert results["epoch"] > 0
 
 
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_fine_tuning_half_precision_weights_trains_float32_master_weights(
+    tmp_path: Path, tokenizer, half: torch.dtype, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A folder saved after model.half() fine-tunes on float32 master weights (in place, Adam's ε = 1e-9
+    and the small updates underflow: the loss climbs); one info line says so."""
+    saved = tmp_path / "half"
+    tiny_model(seed=0).to(half).save_pretrained(saved)
+    model_args, data_args, training_args = _run_args(
+        tmp_path, tokenizer, tmp_path / "out", save_strategy="no"
+    )
+    model_args = TrainingModelArguments(
+        model_name_or_path=str(saved), tokenizer_name_or_path=model_args.tokenizer_name_or_path
+    )
+    training_args.learning_rate = 3e-3
+    dtypes: list[set[torch.dtype]] = []
+
+    class Watch(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            dtypes.append({p.dtype for p in model.parameters()})
+
+    original = PaperSeq2SeqTrainer.__init__
+
+    def with_watch(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.add_callback(Watch())
+
+    with caplog.at_level("INFO", logger="hf_vanilla.training.run"), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PaperSeq2SeqTrainer, "__init__", with_watch)
+        run_training(model_args, data_args, training_args)
+    assert dtypes and all(seen == {torch.float32} for seen in dtypes)
+    assert any("upcasts them to float32 master weights" in r.getMessage() for r in caplog.records)
+    history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
+    losses = [entry["loss"] for entry in history if "loss" in entry]
+    assert all(math.isfinite(loss) for loss in losses)
+    assert losses[-1] < losses[0]
+    assert all(t.dtype == torch.float32 for t in _weights(tmp_path / "out").values())
+
+
 def test_missing_checkpoint_and_existing_run_fail_before_any_work(tmp_path: Path, tokenizer) -> None:
     out = tmp_path / "out"
     with pytest.raises(FileNotFoundError, match="does not exist"):
