@@ -55,6 +55,12 @@ class PaperTrainingArguments(PaperRecipeArguments, DatasetCardArguments, Seq2Seq
             )
         if self.max_tokens == 0:
             self.max_tokens = None  # sentence-count batches (per_device_train_batch_size)
+        if self.device.type == "cpu" and self.fp16:
+            raise ValueError(
+                "--fp16: this run trains on the CPU (--use_cpu, or no GPU found), where accelerate has no float16 "
+                "mixed precision and would train in float32 while training_args.json says fp16; nothing was "
+                "done. Drop --fp16, or use --bf16 (which the CPU runs), or train on a GPU."
+            )
         if self.device.type == "cpu":
             # Pinned memory only speeds up copies to an accelerator; on the CPU the DataLoader warns about it.
             self.dataloader_pin_memory = False

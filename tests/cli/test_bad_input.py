@@ -525,6 +525,9 @@ CLI_CASES: dict[str, Case] = {
         "--learning_rate -1.0: must be at least 0",
         lambda w, t: _file(t),
     ),
+    "float16 mixed precision on the CPU": Case(
+        "train", _train("--fp16"), "--fp16: this run trains on the CPU", lambda w, t: _file(t)
+    ),
     "no micro-batch per step": Case(
         "train",
         _train("--gradient_accumulation_steps", "0"),
