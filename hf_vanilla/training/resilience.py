@@ -50,7 +50,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_vanilla.io.atomic import publish_directory
 from hf_vanilla.io.checksums import write_checksums
-from hf_vanilla.io.safe_loading import TRAINER_STATE_NAME, verify_checkpoint
+from hf_vanilla.io.safe_loading import TRAINER_STATE_NAME, untied_missing_keys, verify_checkpoint
 from hf_vanilla.training.checkpoints import (
     STAGING_DIR_NAME,
     _agree_across_processes,
@@ -332,6 +332,15 @@ class ResilientTrainerMixin:
             super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
         finally:
             handle.remove()
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """The Trainer's warning about missing keys after it loads a checkpoint's weights, without the
+        weights tied to a loaded one (:func:`untied_missing_keys`): every resume reported the shared
+        embedding's other names as missing, though they are saved once and restored exactly. Keys that
+        are really missing, and unexpected ones, are still reported."""
+        model = self.accelerator.unwrap_model(self.model)  # type: ignore[attr-defined]
+        load_result = load_result._replace(missing_keys=untied_missing_keys(model, load_result.missing_keys))
+        super()._issue_warnings_after_load(load_result)  # type: ignore[misc]
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         output_dir = self.args.output_dir  # type: ignore[attr-defined]

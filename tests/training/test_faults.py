@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import os
 import pickle
 import random
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import Outputs, _env, gloo_threads, tiny_model
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -301,6 +302,43 @@ def test_resume_true_skips_a_half_written_checkpoint(
     trainer.save_model()
     _assert_same_weights(_params(out), _params(run))
     verify_checkpoint(out / "checkpoint-6")  # re-saved whole over the half-written one
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.parametrize("really_missing", [None, "model.encoder.layers.0.fc1.weight"])
+def test_resuming_reports_no_tied_weight_as_missing_and_still_reports_a_missing_one(
+    checkpoints: tuple[Path, Path], tokenizer: Any, data: Any, tmp_path: Path, really_missing: str | None
+) -> None:
+    """The shared embedding is saved once; its other names (the encoder's and decoder's embeddings, the
+    output projection) are restored through it, so the Trainer's "missing keys" warning about them was a
+    false alarm on every resume. A weight really missing from the checkpoint is still reported."""
+    good, _ = checkpoints
+    if really_missing is not None:
+        weights = load_file(good / "model.safetensors")
+        del weights[really_missing]
+        save_file(weights, good / "model.safetensors", metadata={"format": "pt"})
+        (good / CHECKSUMS_NAME).unlink()
+    records = _Records()
+    trainer_logger = logging.getLogger("transformers.trainer")
+    trainer_logger.addHandler(records)
+    try:
+        _trainer(tmp_path / "resume", tokenizer, data).train(resume_from_checkpoint=str(good))
+    finally:
+        trainer_logger.removeHandler(records)
+    missing = [m for m in records.messages if "missing keys" in m]
+    if really_missing is None:
+        assert missing == []
+    else:
+        assert len(missing) == 1 and really_missing in missing[0]
+        assert "embed_tokens" not in missing[0] and "lm_head" not in missing[0]
 
 
 def test_checkpoints_are_written_then_renamed_with_checksums(
