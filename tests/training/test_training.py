@@ -26,6 +26,7 @@ from transformers.optimization import get_inverse_sqrt_schedule
 from hf_vanilla.data.batching import TokenBudgetBatchSampler
 from hf_vanilla.data.loading import DataArguments, load_local_files
 from hf_vanilla.data.tokenization import tokenize_translations
+from hf_vanilla.inference.translation import InputTooLongError
 from hf_vanilla.training.arguments import (
     PAPER_MAX_TOKENS_PER_PROCESS,
     PaperTrainingArguments,
@@ -391,6 +392,27 @@ def test_fine_tuning_half_precision_weights_trains_float32_master_weights(
     assert all(math.isfinite(loss) for loss in losses)
     assert losses[-1] < losses[0]
     assert all(t.dtype == torch.float32 for t in _weights(tmp_path / "out").values())
+
+
+@pytest.mark.parametrize(("side", "line"), [("source", 5), ("target", 2)])
+def test_a_training_pair_longer_than_the_model_takes_is_one_error_naming_file_and_line(
+    tmp_path: Path, tokenizer, side: str, line: int
+) -> None:
+    """A huge line (a 2 MB line of a crawled corpus asked the allocator for 1.4 TB) is refused at data
+    preparation, naming the file and line, as translation refuses an overlong input; nothing is trained."""
+    pairs = _pairs(8, 0)
+    huge = " ".join(["w5"] * 1100)  # more than max_position_embeddings (1024) tokens
+    pairs[line - 1] = (huge, pairs[line - 1][1]) if side == "source" else (pairs[line - 1][0], huge)
+    model_args, data_args, training_args = _run_args(tmp_path, tokenizer, tmp_path / "out")
+    data_args.train_files = [_write_tsv(tmp_path / "long.tsv", pairs)]
+    with pytest.raises(
+        InputTooLongError, match=rf"long\.tsv, line {line}, its {side} side \(1 pair\(s\) of the train"
+    ):
+        run_training(model_args, data_args, training_args)
+    assert not any((tmp_path / "out").glob("checkpoint-*"))
+    # Truncation, which the message offers, trains on it.
+    model_args.max_source_length = model_args.max_target_length = 1024
+    run_training(model_args, data_args, _args(tmp_path / "truncated", max_steps=1))
 
 
 def test_missing_checkpoint_and_existing_run_fail_before_any_work(tmp_path: Path, tokenizer) -> None:
