@@ -272,6 +272,10 @@ def check_optimizer_state(
     if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= state_dict.keys():
         raise _state_mismatch(path, "it is not an optimizer state (no 'state' and 'param_groups')")
     saved_groups, groups = state_dict["param_groups"], optimizer.param_groups
+    if not isinstance(state_dict["state"], Mapping) or not all(
+        isinstance(group, Mapping) and isinstance(group.get("params"), list) for group in saved_groups
+    ):
+        raise _state_mismatch(path, "its 'state' or 'param_groups' are not those of an optimizer")
     if len(saved_groups) != len(groups):
         raise _state_mismatch(
             path, f"it has {len(saved_groups)} parameter group(s), the optimizer {len(groups)}"
@@ -291,6 +295,10 @@ def check_optimizer_state(
         if index not in params:
             raise _state_mismatch(
                 path, f"it holds a state for parameter {index!r}, which the optimizer does not have"
+            )
+        if not isinstance(state, Mapping):
+            raise _state_mismatch(
+                path, f"the state of parameter {index!r} is {type(state).__name__}, not entries"
             )
         name, param = params[index]
         first = entries.setdefault(param.dim(), (name, set(state)))
@@ -322,7 +330,7 @@ def _structure_difference(saved: Any, own: Any, where: str) -> str | None:
             return f"{where} is {type(saved).__name__}, not a mapping"
         missing = [key for key, value in own.items() if isinstance(value, list | tuple) and key not in saved]
         if missing:
-            return f"{where} has no {missing[0]!r} (one entry per parameter group)"
+            return f"{where} has no {missing[0]!r}"
         shared = [key for key in own if key in saved]  # other entries may come and go between torch versions
         return next(
             (d for key in shared if (d := _structure_difference(saved[key], own[key], f"{where}[{key!r}]"))),
@@ -331,7 +339,7 @@ def _structure_difference(saved: Any, own: Any, where: str) -> str | None:
     if isinstance(own, list | tuple):
         if not isinstance(saved, list | tuple) or len(saved) != len(own):
             size = len(saved) if isinstance(saved, list | tuple) else type(saved).__name__
-            return f"{where} has {size} entries, this run's {len(own)} (one per parameter group)"
+            return f"{where} has {size} entries, this run's {len(own)}"
         return next(
             (
                 d
@@ -358,7 +366,8 @@ def check_scheduler_state(
 ) -> None:
     """Refuse a scheduler state (``scheduler.pt``, read from ``path``) that does not fit ``scheduler``,
     before it is loaded: its per-group lists (learning rates, schedules) as long as the scheduler's, and
-    each entry both have of the same kind (numbers where it has numbers). Raises :class:`StateMismatchError` naming the file."""
+    each entry both have of the same kind (numbers where it has numbers). Raises
+    :class:`StateMismatchError` naming the file."""
     difference = _structure_difference(state_dict, scheduler.state_dict(), "the state")
     if difference is not None:
         raise _state_mismatch(Path(path), difference)

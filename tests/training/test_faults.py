@@ -630,6 +630,11 @@ def test_an_optimizer_state_is_checked_entry_by_entry() -> None:
             continue
         with pytest.raises(StateMismatchError, match=expected):
             check_optimizer_state(edited, optimizer, "optimizer.pt", names)
+    for malformed in ({"x": 1}, {"state": {}, "param_groups": [[0, 1]]}, {**state, "state": {0: [1, 2]}}):
+        with pytest.raises(
+            StateMismatchError, match=r"not an optimizer state|not those of an optimizer|not entries"
+        ):
+            check_optimizer_state(malformed, optimizer, "optimizer.pt")
     with pytest.raises(StateMismatchError, match="1 parameter group"):
         check_optimizer_state(
             {**state, "param_groups": [{"params": [0, 1]}]},
