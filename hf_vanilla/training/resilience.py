@@ -14,7 +14,8 @@ module guarantees (:mod:`hf_vanilla.training` plugs it into the ``Trainer``; loa
 * **Resuming from the newest whole checkpoint** (:func:`resolve_resume_checkpoint`,
   :func:`last_complete_checkpoint`): a folder left half-written by a kill during saving is skipped with
   a warning, where ``transformers.trainer_utils.get_last_checkpoint`` would pick it and fail; the
-  checkpoint resumed from is checked first.
+  checkpoint resumed from is checked first, and its optimizer and scheduler states are checked against
+  the run's optimizer and model before the first step (:func:`check_optimizer_state`).
 * **Checkpoints in step order** (:func:`checkpoint_folders`, :func:`rotate_checkpoints_by_step`): rotation
   (``save_total_limit``), resuming and averaging order a run's checkpoints by the step in their names,
   never by file times, so reading or evaluating a checkpoint never changes which ones are kept.
