@@ -7,12 +7,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hf_vanilla.cli.parsing import Bounds, refuse_out_of_bounds
 from hf_vanilla.io.atomic import OVERWRITE_HELP
 
 __all__ = ["TOKENIZER_SAMPLE_PAIRS", "DataArguments", "TokenizerArguments"]
 
 #: Pairs the tokenizer is trained on by default: all of Multi30k, a strided 1 M-pair sample of WMT14's 4.5 M.
 TOKENIZER_SAMPLE_PAIRS = 1_000_000
+
+
+#: The values :class:`DataArguments`' number options can honour.
+_DATA_BOUNDS = {
+    "demo_max_number": Bounds(0),
+    "demo_train_size": Bounds(0, what="pairs"),
+    "demo_validation_size": Bounds(0, what="pairs"),
+    "demo_test_size": Bounds(0, what="pairs"),
+    "max_train_samples": Bounds(0, what="pairs"),
+    "max_eval_samples": Bounds(0, what="pairs; 0: no validation or test"),
+}
 
 
 @dataclass
@@ -90,6 +102,9 @@ class DataArguments:
             "$HF_DATASETS_CACHE/hf_vanilla_tokenized). Delete it to free the disk space."
         },
     )
+
+    def __post_init__(self) -> None:
+        refuse_out_of_bounds(self, _DATA_BOUNDS)
 
     def local_files(self) -> dict[str, list[str]]:
         """The local file arguments given, by split name."""

@@ -74,12 +74,14 @@ def longest_input(model: Any, tokenizer: Any) -> int | None:
 class InputTooLongError(ValueError):
     """A sentence with more tokens than :func:`longest_input`; ``index`` is its place in the input."""
 
-    def __init__(self, index: int, length: int, limit: int, where: str | None = None) -> None:
+    def __init__(
+        self, index: int, length: int, limit: int, where: str | None = None, fix: str = "Split the sentence."
+    ) -> None:
         self.index, self.length, self.limit = index, length, limit
         where = where or f"sentence {index + 1}"
         super().__init__(
             f"{where}: {length} tokens, more than the model's longest input of {limit} tokens "
-            "(its max_position_embeddings, the tokenizer's model_max_length). Split the sentence."
+            f"(its max_position_embeddings, the tokenizer's model_max_length). {fix}"
         )
 
 

@@ -73,6 +73,7 @@ __all__ = [
     "nonfinite_tensors",
     "pinned_weights",
     "refuse_nonfinite",
+    "untied_missing_keys",
     "verify_checkpoint",
     "verify_finite_weights",
     "verify_model_folder",
@@ -417,6 +418,18 @@ def check_loading_info(name: str | Path, info: dict[str, Any], model: torch.nn.M
             "edited or comes from another model (e.g. tie_word_embeddings, *_layers, d_model): restore the "
             "config.json saved with these weights."
         )
+
+
+def untied_missing_keys(model: torch.nn.Module, missing_keys: Iterable[str]) -> list[str]:
+    """The keys of ``missing_keys`` (from ``model.load_state_dict(..., strict=False)``) that are really
+    missing: a key whose parameter is shared with one that was loaded (the output projection and the
+    embeddings tied to the shared embedding, saved once) got its values through that one and is left out."""
+    missing = set(missing_keys)
+    names_of: dict[int, set[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(param), set()).add(name)
+    loaded_through_tie = {name for names in names_of.values() if names - missing for name in names & missing}
+    return [key for key in missing_keys if key not in loaded_through_tie]
 
 
 class _DropLoadReport(logging.Filter):

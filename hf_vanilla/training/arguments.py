@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from transformers import Seq2SeqTrainingArguments
 
 from hf_vanilla.analysis.evaluation import check_bleu_tokenize
+from hf_vanilla.cli.parsing import refuse_out_of_bounds
 from hf_vanilla.hub.options import DatasetCardArguments
 from hf_vanilla.training.options import (
     PAPER_MAX_TOKENS_PER_PROCESS,
+    TRAINING_BOUNDS,
     PaperRecipeArguments,
     TrainingModelArguments,
 )
@@ -28,6 +30,7 @@ class PaperTrainingArguments(PaperRecipeArguments, DatasetCardArguments, Seq2Seq
     recorded in ``training_args.json``)."""
 
     def __post_init__(self) -> None:
+        refuse_out_of_bounds(self, TRAINING_BOUNDS)  # before transformers reads them
         super().__post_init__()
         check_bleu_tokenize(self.bleu_tokenize)
         if self.label_smoothing_factor:
@@ -35,10 +38,6 @@ class PaperTrainingArguments(PaperRecipeArguments, DatasetCardArguments, Seq2Seq
                 f"--label_smoothing_factor {self.label_smoothing_factor} would apply HF's LabelSmoother, which "
                 "normalises per micro-batch and is wrong under gradient accumulation. Use --label_smoothing "
                 "(model loss, paper default 0.1) and leave --label_smoothing_factor at 0."
-            )
-        if self.average_last_n_checkpoints < 0:
-            raise ValueError(
-                f"--average_last_n_checkpoints must be >= 0, got {self.average_last_n_checkpoints}."
             )
         if (
             self.average_last_n_checkpoints
@@ -54,14 +53,14 @@ class PaperTrainingArguments(PaperRecipeArguments, DatasetCardArguments, Seq2Seq
                 "--max_steps 0 trains nothing (nothing was done): give the number of training steps, or "
                 "--do_train false to only evaluate a model."
             )
-        if self.learning_rate is not None and self.learning_rate < 0:
-            raise ValueError(f"--learning_rate must be >= 0, got {self.learning_rate}.")
-        if self.max_tokens is not None and self.max_tokens < 0:
-            raise ValueError(
-                f"--max_tokens must be a number of tokens, or 0 for sentence-count batches; got {self.max_tokens}."
-            )
         if self.max_tokens == 0:
             self.max_tokens = None  # sentence-count batches (per_device_train_batch_size)
+        if self.device.type == "cpu" and self.fp16:
+            raise ValueError(
+                "--fp16: this run trains on the CPU (--use_cpu, or no GPU found), where accelerate has no float16 "
+                "mixed precision and would train in float32 while training_args.json says fp16; nothing was "
+                "done. Drop --fp16, or use --bf16 (which the CPU runs), or train on a GPU."
+            )
         if self.device.type == "cpu":
             # Pinned memory only speeds up copies to an accelerator; on the CPU the DataLoader warns about it.
             self.dataloader_pin_memory = False

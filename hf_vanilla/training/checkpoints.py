@@ -1,5 +1,6 @@
 """The checkpoints of a run folder: which are complete, in step order, rotation, the run's lock, which
-checkpoint a run resumes from, and pinning checkpoints while a command reads them."""
+checkpoint a run resumes from, whether its optimizer and scheduler states fit the run, and pinning
+checkpoints while a command reads them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "STAGING_DIR_NAME",
     "RunInUseError",
+    "StateMismatchError",
+    "check_optimizer_state",
+    "check_scheduler_state",
     "find_complete_checkpoints",
     "hold_run_dir",
     "last_complete_checkpoint",
@@ -311,3 +315,155 @@ def _agree_across_processes(flag: bool) -> bool:
     value = torch.tensor([1 if flag else 0], device=PartialState().device)
     torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
     return bool(value.item())
+
+
+# --------------------------------------------------------------------------------------------------
+# The optimizer and scheduler states a run resumes with
+# --------------------------------------------------------------------------------------------------
+class StateMismatchError(CheckpointError):
+    """A checkpoint's optimizer or scheduler state does not fit the run that would resume with it."""
+
+
+def _state_mismatch(path: Path, what: str) -> StateMismatchError:
+    checkpoint = path.parent
+    return StateMismatchError(
+        f"{str(path)!r} does not fit the model and optimizer of this run: {what}. It comes from another run "
+        "(another --d_model, --layers, vocabulary or --optim) or was edited; nothing was trained. Resume from a "
+        f"checkpoint with its own {path.name}, or from another checkpoint, or start afresh from these weights "
+        f"with --model_name_or_path {str(checkpoint)!r} (without --resume_from_checkpoint)."
+    )
+
+
+#: Optimizers whose state per parameter is elementwise (torch's, transformers' Adafactor): each of its
+#: tensors has the parameter's shape, or that shape less one dimension (a factored second moment).
+_ELEMENTWISE_OPTIMIZER_MODULES = ("torch.optim.", "transformers.")
+
+
+def _fits_parameter(value: torch.Tensor, param: torch.Tensor) -> bool:
+    shape, own = tuple(value.shape), tuple(param.shape)
+    factored = len(own) >= 2 and any(shape == own[:i] + own[i + 1 :] for i in range(len(own)))
+    return shape == own or factored
+
+
+def check_optimizer_state(
+    state_dict: Any,
+    optimizer: torch.optim.Optimizer,
+    path: str | Path,
+    names: Mapping[int, str] | None = None,
+) -> None:
+    """Refuse an optimizer state (``optimizer.pt``, read from ``path``) that does not fit ``optimizer``,
+    before it is loaded: raises :class:`StateMismatchError` naming the file (and the parameter, by its
+    name in ``names``, keyed by ``id(parameter)``).
+
+    The numbers of parameter groups and of parameters in each must be the optimizer's (torch checks
+    these too, without naming the file), every state must belong to one of its parameters, and the
+    parameters of one rank must hold the same entries. For torch's optimizers and transformers'
+    Adafactor, each tensor entry must also have its parameter's shape (or, factored, that shape less one
+    dimension; ``step`` a single number) and a floating-point dtype for a floating-point parameter:
+    torch's load would otherwise accept moments of another model, and the fused Adam step reads past
+    their end (a segmentation fault) or trains on with the wrong moments. An optimizer of another kind
+    keeps its own state layout, so only the counts are checked for it.
+    """
+    path = Path(path)
+    if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= state_dict.keys():
+        raise _state_mismatch(path, "it is not an optimizer state (no 'state' and 'param_groups')")
+    saved_groups, groups = state_dict["param_groups"], optimizer.param_groups
+    if not isinstance(state_dict["state"], Mapping) or not all(
+        isinstance(group, Mapping) and isinstance(group.get("params"), list) for group in saved_groups
+    ):
+        raise _state_mismatch(path, "its 'state' or 'param_groups' are not those of an optimizer")
+    if len(saved_groups) != len(groups):
+        raise _state_mismatch(
+            path, f"it has {len(saved_groups)} parameter group(s), the optimizer {len(groups)}"
+        )
+    params: dict[Any, tuple[str, torch.Tensor]] = {}
+    for number, (saved, own) in enumerate(zip(saved_groups, groups, strict=True)):
+        names_here = [(names or {}).get(id(param), f"parameter {i}") for i, param in enumerate(own["params"])]
+        if len(saved["params"]) != len(own["params"]):
+            raise _state_mismatch(
+                path,
+                f"parameter group {number} has {len(saved['params'])} parameters, the model's {len(own['params'])}",
+            )
+        params.update(zip(saved["params"], zip(names_here, own["params"], strict=True), strict=True))
+    elementwise = type(optimizer).__module__.startswith(_ELEMENTWISE_OPTIMIZER_MODULES)
+    entries: dict[int, tuple[str, set[str]]] = {}
+    for index, state in state_dict["state"].items():
+        if index not in params:
+            raise _state_mismatch(
+                path, f"it holds a state for parameter {index!r}, which the optimizer does not have"
+            )
+        if not isinstance(state, Mapping):
+            raise _state_mismatch(
+                path, f"the state of parameter {index!r} is {type(state).__name__}, not entries"
+            )
+        name, param = params[index]
+        first = entries.setdefault(param.dim(), (name, set(state)))
+        if set(state) != first[1]:
+            raise _state_mismatch(
+                path, f"{name} holds the entries {sorted(state)}, {first[0]} {sorted(first[1])}"
+            )
+        if not elementwise:
+            continue
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            if key == "step":
+                if value.numel() != 1:
+                    raise _state_mismatch(path, f"the step of {name} has {value.numel()} values, not one")
+            elif not _fits_parameter(value, param):
+                raise _state_mismatch(
+                    path, f"{key} of {name} has shape {list(value.shape)}, the parameter {list(param.shape)}"
+                )
+            elif param.is_floating_point() and not value.is_floating_point():
+                raise _state_mismatch(path, f"{key} of {name} is {value.dtype}, not a floating-point tensor")
+
+
+def _structure_difference(saved: Any, own: Any, where: str) -> str | None:
+    """Where ``saved`` differs in structure from ``own`` (lengths of lists, kinds of values, entries of
+    both), or ``None``."""
+    if isinstance(own, Mapping):
+        if not isinstance(saved, Mapping):
+            return f"{where} is {type(saved).__name__}, not a mapping"
+        missing = [key for key, value in own.items() if isinstance(value, list | tuple) and key not in saved]
+        if missing:
+            return f"{where} has no {missing[0]!r}"
+        shared = [key for key in own if key in saved]  # other entries may come and go between torch versions
+        return next(
+            (d for key in shared if (d := _structure_difference(saved[key], own[key], f"{where}[{key!r}]"))),
+            None,
+        )
+    if isinstance(own, list | tuple):
+        if not isinstance(saved, list | tuple) or len(saved) != len(own):
+            size = len(saved) if isinstance(saved, list | tuple) else type(saved).__name__
+            return f"{where} has {size} entries, this run's {len(own)}"
+        return next(
+            (
+                d
+                for i, (s, o) in enumerate(zip(saved, own, strict=True))
+                if (d := _structure_difference(s, o, f"{where}[{i}]"))
+            ),
+            None,
+        )
+    if own is None or saved is None:
+        return None if own is saved else f"{where} is {saved!r}, this run's {own!r}"
+    number = (int, float, torch.Tensor)
+    if isinstance(own, number) and not isinstance(own, bool):
+        ok = isinstance(saved, number) and not isinstance(saved, bool)
+        return None if ok else f"{where} is {type(saved).__name__}, not a number"
+    return (
+        None
+        if isinstance(saved, type(own))
+        else f"{where} is {type(saved).__name__}, this run's {type(own).__name__}"
+    )
+
+
+def check_scheduler_state(
+    state_dict: Any, scheduler: torch.optim.lr_scheduler.LRScheduler, path: str | Path
+) -> None:
+    """Refuse a scheduler state (``scheduler.pt``, read from ``path``) that does not fit ``scheduler``,
+    before it is loaded: its per-group lists (learning rates, schedules) as long as the scheduler's, and
+    each entry both have of the same kind (numbers where it has numbers). Raises
+    :class:`StateMismatchError` naming the file."""
+    difference = _structure_difference(state_dict, scheduler.state_dict(), "the state")
+    if difference is not None:
+        raise _state_mismatch(Path(path), difference)

@@ -9,7 +9,67 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PAPER_MAX_TOKENS_PER_PROCESS", "PRESET_NAMES", "PaperRecipeArguments", "TrainingModelArguments"]
+from hf_vanilla.cli.parsing import Bounds, refuse_out_of_bounds
+
+__all__ = [
+    "MODEL_BOUNDS",
+    "PAPER_MAX_TOKENS_PER_PROCESS",
+    "PRESET_NAMES",
+    "TRAINING_BOUNDS",
+    "PaperRecipeArguments",
+    "TrainingModelArguments",
+]
+
+#: A probability that leaves something: dropout and label smoothing of 1 keep or learn nothing.
+_PROBABILITY = Bounds(0, 1, high_open=True)
+#: Every ``log``, ``eval`` and ``save`` interval: a number of steps, or below 1 a fraction of the run.
+_INTERVAL = Bounds(0, low_open=True, what="steps; below 1, a fraction of --max_steps")
+
+#: The values :class:`TrainingModelArguments`' number options can honour.
+MODEL_BOUNDS = {
+    "d_model": Bounds(1),
+    "layers": Bounds(1),
+    "attention_heads": Bounds(1),
+    "ffn_dim": Bounds(1),
+    "dropout": _PROBABILITY,
+    "label_smoothing": _PROBABILITY,
+    "init_std": Bounds(0, low_open=True),
+    "tokenizer_vocab_size": Bounds(1),
+    "max_source_length": Bounds(1, what="tokens"),
+    "max_target_length": Bounds(1, what="tokens"),
+}
+
+#: The values the training run's number options can honour, transformers' own included (which it
+#: accepts, then fails on with a traceback, or silently reads as something else: a
+#: ``--save_total_limit 0`` kept every checkpoint).
+TRAINING_BOUNDS = {
+    "per_device_train_batch_size": Bounds(1, what="sentences"),
+    "per_device_eval_batch_size": Bounds(1, what="sentences"),
+    "gradient_accumulation_steps": Bounds(1, what="micro-batches per optimizer step"),
+    "eval_accumulation_steps": Bounds(1),
+    "max_steps": Bounds(-1, what="optimizer steps; -1: --num_train_epochs decides"),
+    "num_train_epochs": Bounds(0, low_open=True),
+    "warmup_steps": Bounds(0, what="steps; below 1, a fraction of --max_steps"),
+    "save_steps": _INTERVAL,
+    "eval_steps": _INTERVAL,
+    "logging_steps": _INTERVAL,
+    "save_total_limit": Bounds(1, what="checkpoints kept; leave it out to keep all"),
+    "dataloader_num_workers": Bounds(0),
+    "dataloader_prefetch_factor": Bounds(1),
+    "generation_max_length": Bounds(1, what="tokens"),
+    "generation_num_beams": Bounds(1),
+    "max_grad_norm": Bounds(0, what="0: no clipping"),
+    "adam_beta1": _PROBABILITY,
+    "adam_beta2": _PROBABILITY,
+    "adam_epsilon": Bounds(0, low_open=True),
+    "weight_decay": Bounds(0),
+    "learning_rate": Bounds(0),
+    "max_tokens": Bounds(0, what="tokens per batch; 0: --per_device_train_batch_size sentences"),
+    "eval_delay": Bounds(0),
+    "seed": Bounds(0, 2**32 - 1),
+    "data_seed": Bounds(0, 2**32 - 1),
+    "average_last_n_checkpoints": Bounds(0),
+}
 
 #: The sizes of Table 3 (``--preset``), as ``PRESETS`` of the configuration file defines them.
 PRESET_NAMES = ("base", "big")
@@ -69,6 +129,7 @@ class TrainingModelArguments:
 
         if self.preset is not None and self.preset not in PRESETS:
             raise ValueError(f"Unknown --preset {self.preset!r}: choose one of {sorted(PRESETS)}.")
+        refuse_out_of_bounds(self, MODEL_BOUNDS)
 
     def requested_sizes(self) -> dict[str, tuple[str, Any]]:
         """Config field -> (flag, value) for the sizes asked for explicitly (``--preset`` and the size

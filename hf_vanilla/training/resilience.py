@@ -14,7 +14,8 @@ module guarantees (:mod:`hf_vanilla.training` plugs it into the ``Trainer``; loa
 * **Resuming from the newest whole checkpoint** (:func:`resolve_resume_checkpoint`,
   :func:`last_complete_checkpoint`): a folder left half-written by a kill during saving is skipped with
   a warning, where ``transformers.trainer_utils.get_last_checkpoint`` would pick it and fail; the
-  checkpoint resumed from is checked first.
+  checkpoint resumed from is checked first, and its optimizer and scheduler states are checked against
+  the run's optimizer and model before the first step (:func:`check_optimizer_state`).
 * **Checkpoints in step order** (:func:`checkpoint_folders`, :func:`rotate_checkpoints_by_step`): rotation
   (``save_total_limit``), resuming and averaging order a run's checkpoints by the step in their names,
   never by file times, so reading or evaluating a checkpoint never changes which ones are kept.
@@ -45,15 +46,18 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_vanilla.io.atomic import TEMPORARY_REMOVED, DiskFullError, full_disk_named, publish_directory
 from hf_vanilla.io.checksums import write_checksums
-from hf_vanilla.io.safe_loading import TRAINER_STATE_NAME, verify_checkpoint
+from hf_vanilla.io.safe_loading import TRAINER_STATE_NAME, untied_missing_keys, verify_checkpoint
 from hf_vanilla.training.checkpoints import (
     STAGING_DIR_NAME,
     _agree_across_processes,
     _no_complete_checkpoint,
+    check_optimizer_state,
+    check_scheduler_state,
     last_complete_checkpoint,
     rotate_checkpoints_by_step,
 )
@@ -117,6 +121,9 @@ class ResilientTrainerMixin:
       unsafe checkpoint fails at once with the file's name; ``True`` picks
       :func:`last_complete_checkpoint`. DeepSpeed's own files (``global_step*/``) are trusted, with
       a warning: DeepSpeed loads them with full unpickling.
+    * The checkpoint's optimizer and scheduler states are checked against this run's optimizer, model
+      and scheduler as they are loaded, before the first step (:func:`check_optimizer_state`,
+      :func:`check_scheduler_state`): one of another run is refused, naming the file.
 
     With ``push_to_hub`` the Trainer uploads from the checkpoint folder in the background, so
     checkpoints are then written in place, as the plain Trainer does.
@@ -319,6 +326,39 @@ class ResilientTrainerMixin:
         logger.info("Loading the sharded model from %s/model.safetensors", resume_from_checkpoint)
         target = model if model is not None else self.model  # type: ignore[attr-defined]
         load_full_state_dict_into_sharded(target, Path(resume_from_checkpoint) / "model.safetensors")
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """Check the checkpoint's optimizer and scheduler states against this run's optimizer and
+        scheduler (:func:`check_optimizer_state`, :func:`check_scheduler_state`) as the Trainer loads
+        them, before the first step; DeepSpeed and FSDP load their own states their own way."""
+        plain = not (getattr(self, "is_deepspeed_enabled", False) or getattr(self, "is_fsdp_enabled", False))
+        folder = Path(checkpoint) if checkpoint is not None else None
+        if folder is None or not plain or not (folder / OPTIMIZER_NAME).is_file():
+            super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
+            return
+        if (folder / SCHEDULER_NAME).is_file():
+            saved = torch.load(folder / SCHEDULER_NAME, map_location="cpu", weights_only=True)
+            check_scheduler_state(saved, self.lr_scheduler, folder / SCHEDULER_NAME)  # type: ignore[attr-defined]
+        optimizer = self.optimizer  # type: ignore[attr-defined]
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper loads into this one
+        model = self.accelerator.unwrap_model(self.model)  # type: ignore[attr-defined]
+        names = {id(param): name for name, param in model.named_parameters()}
+        handle = optimizer.register_load_state_dict_pre_hook(
+            lambda opt, state_dict: check_optimizer_state(state_dict, opt, folder / OPTIMIZER_NAME, names)
+        )
+        try:
+            super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
+        finally:
+            handle.remove()
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """The Trainer's warning about missing keys after it loads a checkpoint's weights, without the
+        weights tied to a loaded one (:func:`untied_missing_keys`): every resume reported the shared
+        embedding's other names as missing, though they are saved once and restored exactly. Keys that
+        are really missing, and unexpected ones, are still reported."""
+        model = self.accelerator.unwrap_model(self.model)  # type: ignore[attr-defined]
+        load_result = load_result._replace(missing_keys=untied_missing_keys(model, load_result.missing_keys))
+        super()._issue_warnings_after_load(load_result)  # type: ignore[misc]
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         output_dir = self.args.output_dir  # type: ignore[attr-defined]

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import numpy as np
 import torch
 import transformers
 from transformers import (
@@ -54,8 +55,9 @@ from transformers import (
 from transformers.trainer_utils import HubStrategy
 
 from hf_vanilla.analysis.evaluation import evaluate_split_into, parallel_columns
+from hf_vanilla.data.batching import sequence_lengths
 from hf_vanilla.data.cache import cached_tokenization, data_fingerprint, default_cache_root
-from hf_vanilla.data.loading import DataArguments, load_from_args
+from hf_vanilla.data.loading import DataArguments, load_from_args, pair_location
 from hf_vanilla.data.tokenization import (
     check_tokenizer_matches_config,
     load_or_train_tokenizer,
@@ -69,6 +71,7 @@ from hf_vanilla.hub.card import (
 )
 from hf_vanilla.hub.push import PublishArguments, publish, push_to_hub
 from hf_vanilla.inference.decoding import DecodingOptions
+from hf_vanilla.inference.translation import InputTooLongError, longest_input
 from hf_vanilla.io.atomic import refuse_to_replace
 from hf_vanilla.io.safe_loading import checkpoint_step, load_pretrained_checked, verify_model_folder
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig
@@ -91,6 +94,7 @@ __all__ = [
     "check_averaging_is_possible",
     "planned_checkpoints",
     "publish_run",
+    "refuse_too_long_pairs",
     "run_training",
     "setup_logging",
     "take_hub_push",
@@ -164,7 +168,8 @@ def check_averaging_is_possible(
 def _saved_model(model_args: TrainingModelArguments, saved: str, resumed: bool) -> PreTrainedModel:
     """Load ``saved`` after checking the flags against its config: sizes (and ``--init_std``) that differ
     are refused, since loading cannot change them; ``--dropout`` is applied when fine-tuning and refused
-    when resuming (a resumed run continues the one it was)."""
+    when resuming (a resumed run continues the one it was). Half-precision weights are upcast to float32
+    (:func:`_float32_master_weights`)."""
     verify_model_folder(saved)  # a damaged or unsafe file: an error naming it
     config = AutoConfig.from_pretrained(saved)
     what = f"the resumed checkpoint {saved}" if resumed else f"the model {saved}"
@@ -191,7 +196,32 @@ def _saved_model(model_args: TrainingModelArguments, saved: str, resumed: bool) 
             "Fine-tuning %s with --dropout %g instead of its dropout %g.", saved, dropout, config.dropout
         )
         kwargs["dropout"] = dropout
-    return load_pretrained_checked(saved, **kwargs)  # NaN weights or a config that disagrees: refused
+    model = load_pretrained_checked(saved, **kwargs)  # NaN weights or a config that disagrees: refused
+    return _float32_master_weights(model, saved)
+
+
+#: Weights that train badly in place: Adam's ε = 1e-9 and small updates underflow in them.
+_HALF_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _float32_master_weights(model: PreTrainedModel, saved: str) -> PreTrainedModel:
+    """``model`` with float32 weights: half-precision ones (a folder saved after ``model.half()``) are
+    upcast, with one info line, since training them in place underflows Adam's ε and the small updates
+    (the loss climbs, translations come out blank). ``--fp16`` / ``--bf16`` then train in mixed
+    precision on top of these master weights, as for a fresh model."""
+    half = sorted(
+        {str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.dtype in _HALF_PRECISION}
+    )
+    if half:
+        logger.info(
+            "%s holds %s weights: training upcasts them to float32 master weights (--fp16 or --bf16 train in "
+            "mixed precision on top of them).",
+            saved,
+            " and ".join(half),
+        )
+        model.float()
+        model.config.dtype = torch.float32  # what the saved config.json will say
+    return model
 
 
 def build_model(
@@ -220,6 +250,45 @@ def build_model(
     sources = f"tokenizer {model_args.tokenizer_name_or_path}, model {saved}" if saved else None
     check_tokenizer_matches_config(tokenizer, model.config, sources)
     return model
+
+
+def refuse_too_long_pairs(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    tokenized: datasets.DatasetDict,
+    data_args: DataArguments,
+) -> None:
+    """Refuse the data when a pair of any split has more source or target tokens (after
+    ``--max_source_length`` / ``--max_target_length``) than the model's longest input
+    (:func:`~hf_vanilla.inference.translation.longest_input`, as translation refuses such a sentence):
+    :class:`~hf_vanilla.inference.translation.InputTooLongError` names the file and line of the first,
+    and how many there are. Such a pair (a 2 MB line of a crawled corpus) would otherwise reach the
+    attention of a batch as a matrix of its length squared and fail in the allocator, or train on
+    positions the model is not meant for."""
+    limit = longest_input(model, tokenizer)
+    if limit is None:
+        return
+    files = data_args.local_files()
+    for split, dataset in tokenized.items():
+        for column, side in (("input_ids", "source"), ("labels", "target")):
+            lengths = sequence_lengths(dataset, column)
+            over = np.flatnonzero(lengths > limit)
+            if not over.size:
+                continue
+            index = int(over[0])
+            where = (
+                pair_location(files[split], data_args.source_lang, data_args.target_lang, index)
+                if split in files
+                else f"pair {index + 1} of the {split} split"
+            )
+            raise InputTooLongError(
+                index,
+                int(lengths[index]),
+                limit,
+                f"{where}, its {side} side ({over.size} pair(s) of the {split} split are too long)",
+                fix=f"Truncate with --max_{side}_length {limit} (or less), or remove those lines; nothing was "
+                "trained.",
+            )
 
 
 def _describe(model: torch.nn.Module, training_args: PaperTrainingArguments, train_size: int) -> None:
@@ -481,6 +550,7 @@ def _run_training(
         ),
         training_args.main_process_first(desc="tokenizing into the cache"),
     )
+    refuse_too_long_pairs(model, tokenizer, tokenized, data_args)
     if hub_repo is not None and len(tokenized["validation"]) == 0:
         raise ValueError(_NO_VALIDATION_TO_PUBLISH)
     loaded.clear()  # the text of the training split is not needed any more: free its memory

@@ -571,7 +571,31 @@ CLI_CASES: dict[str, Case] = {
         lambda w, t: _file(t),
     ),
     "a negative learning rate": Case(
-        "train", _train("--learning_rate", "-1"), "must be >= 0", lambda w, t: _file(t)
+        "train",
+        _train("--learning_rate", "-1"),
+        "--learning_rate -1.0: must be at least 0",
+        lambda w, t: _file(t),
+    ),
+    "float16 mixed precision on the CPU": Case(
+        "train", _train("--fp16"), "--fp16: this run trains on the CPU", lambda w, t: _file(t)
+    ),
+    "no micro-batch per step": Case(
+        "train",
+        _train("--gradient_accumulation_steps", "0"),
+        "--gradient_accumulation_steps 0: must be at least 1",
+        lambda w, t: _file(t),
+    ),
+    "label smoothing of more than everything": Case(
+        "train",
+        _train("--label_smoothing", "1.5"),
+        "--label_smoothing 1.5: must be in [0, 1)",
+        lambda w, t: _file(t),
+    ),
+    "a batch size beyond 64 bits": Case(
+        "train",
+        _train("--max_tokens", "99999999999999999999"),
+        "--max_tokens 99999999999999999999: too large",
+        lambda w, t: _file(t),
     ),
     # Round two: checkpoints and runs (issue 26)
     "--max_steps 0": Case(
@@ -1063,6 +1087,66 @@ def test_bad_input_ends_in_one_line_and_loses_nothing(
     assert _snapshot(kept) == before  # the user's file or folder is exactly as it was
     leftovers = [p.name for p in tmp_path.rglob("*") if ".tmp-" in p.name or ".old-" in p.name]
     assert leftovers == []
+
+
+#: Every number option of hf-vanilla-train with values it cannot honour (zero, negative, out of range,
+#: beyond 64 bits).
+UNHONOURED_NUMBERS = {
+    "per_device_train_batch_size": ["0", "-1", "99999999999999999999"],
+    "per_device_eval_batch_size": ["0"],
+    "gradient_accumulation_steps": ["0", "-1"],
+    "eval_accumulation_steps": ["0"],
+    "max_steps": ["-5"],
+    "num_train_epochs": ["0"],
+    "warmup_steps": ["-1"],
+    "save_steps": ["0", "-1"],
+    "eval_steps": ["0"],
+    "logging_steps": ["0", "-1"],
+    "save_total_limit": ["0", "-1"],
+    "dataloader_num_workers": ["-1"],
+    "generation_max_length": ["0"],
+    "generation_num_beams": ["0"],
+    "max_grad_norm": ["-1"],
+    "adam_beta1": ["1", "-0.1"],
+    "adam_beta2": ["1.5"],
+    "adam_epsilon": ["0"],
+    "weight_decay": ["-1"],
+    "max_tokens": ["-1", "99999999999999999999"],
+    "seed": ["-1"],
+    "label_smoothing": ["1", "-0.1"],
+    "dropout": ["1"],
+    "init_std": ["0"],
+    "d_model": ["0"],
+    "layers": ["0"],
+    "attention_heads": ["-1"],
+    "ffn_dim": ["0"],
+    "tokenizer_vocab_size": ["0"],
+    "max_source_length": ["0"],
+    "max_target_length": ["-1"],
+    "average_last_n_checkpoints": ["-1"],
+    "demo_train_size": ["-1"],
+    "max_train_samples": ["-1"],
+    "max_eval_samples": ["-1"],
+}
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [(flag, value) for flag, values in UNHONOURED_NUMBERS.items() for value in values]
+)
+def test_a_number_a_training_run_cannot_honour_is_one_line_naming_the_flag(
+    flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    tiny = ["--demo", "--demo_train_size", "8", "--demo_validation_size", "2", "--demo_test_size", "0",
+            "--tokenizer_vocab_size", "60", "--d_model", "16", "--layers", "1", "--attention_heads", "2",
+            "--ffn_dim", "16", "--max_steps", "1", "--eval_strategy", "no", "--do_eval", "false",
+            "--save_strategy", "no", "--report_to", "none", "--use_cpu"]  # fmt: skip
+    status = script_main("train")([*tiny, "--output_dir", str(out), f"--{flag}", value])
+    err = capsys.readouterr().err
+    assert status == 1, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith(f"error: --{flag} "), err[-2000:]
+    assert "Traceback" not in err
+    assert not out.exists()  # refused before any work
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import os
 import pickle
 import random
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import Outputs, _env, gloo_threads, tiny_model
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -44,6 +45,8 @@ from hf_vanilla.training import trainer as training
 from hf_vanilla.training.arguments import PaperTrainingArguments
 from hf_vanilla.training.checkpoints import (
     STAGING_DIR_NAME,
+    StateMismatchError,
+    check_optimizer_state,
     find_complete_checkpoints,
     last_complete_checkpoint,
 )
@@ -73,7 +76,12 @@ def _dataset(tmp_path: Path, tokenizer: Any, n: int = 40) -> Any:
 
 
 def _trainer(
-    output_dir: Path, tokenizer: Any, data: Any, callbacks: tuple = (), **overrides: Any
+    output_dir: Path,
+    tokenizer: Any,
+    data: Any,
+    callbacks: tuple = (),
+    model_overrides: dict[str, Any] | None = None,
+    **overrides: Any,
 ) -> PaperSeq2SeqTrainer:
     defaults = {
         "output_dir": str(output_dir),
@@ -93,7 +101,9 @@ def _trainer(
         "seed": 0,
     }
     args = PaperTrainingArguments(**{**defaults, **overrides})
-    model = tiny_model(seed=1, dropout=0.1).train()  # dropout on: resuming must restore the RNG too
+    model = tiny_model(
+        seed=1, dropout=0.1, **(model_overrides or {})
+    ).train()  # dropout on: resuming must restore the RNG too
     trainer = PaperSeq2SeqTrainer(
         model=model,
         args=args,
@@ -294,6 +304,43 @@ def test_resume_true_skips_a_half_written_checkpoint(
     verify_checkpoint(out / "checkpoint-6")  # re-saved whole over the half-written one
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.parametrize("really_missing", [None, "model.encoder.layers.0.fc1.weight"])
+def test_resuming_reports_no_tied_weight_as_missing_and_still_reports_a_missing_one(
+    checkpoints: tuple[Path, Path], tokenizer: Any, data: Any, tmp_path: Path, really_missing: str | None
+) -> None:
+    """The shared embedding is saved once; its other names (the encoder's and decoder's embeddings, the
+    output projection) are restored through it, so the Trainer's "missing keys" warning about them was a
+    false alarm on every resume. A weight really missing from the checkpoint is still reported."""
+    good, _ = checkpoints
+    if really_missing is not None:
+        weights = load_file(good / "model.safetensors")
+        del weights[really_missing]
+        save_file(weights, good / "model.safetensors", metadata={"format": "pt"})
+        (good / CHECKSUMS_NAME).unlink()
+    records = _Records()
+    trainer_logger = logging.getLogger("transformers.trainer")
+    trainer_logger.addHandler(records)
+    try:
+        _trainer(tmp_path / "resume", tokenizer, data).train(resume_from_checkpoint=str(good))
+    finally:
+        trainer_logger.removeHandler(records)
+    missing = [m for m in records.messages if "missing keys" in m]
+    if really_missing is None:
+        assert missing == []
+    else:
+        assert len(missing) == 1 and really_missing in missing[0]
+        assert "embed_tokens" not in missing[0] and "lm_head" not in missing[0]
+
+
 def test_checkpoints_are_written_then_renamed_with_checksums(
     tmp_path: Path, tokenizer: Any, data: Any
 ) -> None:
@@ -485,6 +532,115 @@ def test_resuming_from_a_damaged_checkpoint_names_the_file(
     trainer = _trainer(tmp_path / "resume", tokenizer, data)
     with pytest.raises(CorruptCheckpointError, match=r"model\.safetensors"):
         trainer.train(resume_from_checkpoint=str(bad))
+
+
+@pytest.mark.parametrize(
+    ("other_model", "expected"),
+    [
+        (
+            {"d_model": 16},
+            r"exp_avg\S* of model\.\S+ has shape \[100, 16\], the parameter \[100, 32\]",
+        ),  # smaller
+        (
+            {"d_model": 64},
+            r"exp_avg\S* of model\.\S+ has shape \[100, 64\], the parameter \[100, 32\]",
+        ),  # larger
+        ({"encoder_layers": 1}, r"parameter group \d has \d+ parameters, the model's \d+"),
+    ],
+)
+def test_an_optimizer_state_of_another_model_is_refused_before_any_step(
+    checkpoints: tuple[Path, Path],
+    tokenizer: Any,
+    data: Any,
+    tmp_path: Path,
+    other_model: dict,
+    expected: str,
+) -> None:
+    """An optimizer.pt of another run copied into a checkpoint (its manifest rewritten: the copier
+    writes it) holds plain tensors; resuming must refuse it, naming the file, before the first step
+    (the fused Adam step would otherwise read past the end of smaller moments, or train on with
+    larger ones)."""
+    other = _trainer(tmp_path / "other", tokenizer, data, model_overrides=other_model, max_steps=3)
+    other.train()
+    good, _ = checkpoints
+    shutil.copy2(tmp_path / "other" / "checkpoint-3" / "optimizer.pt", good / "optimizer.pt")
+    (good / CHECKSUMS_NAME).unlink()
+    resumed = _trainer(tmp_path / "resume", tokenizer, data)
+
+    def no_step(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a training step ran with the other run's optimizer state")
+
+    resumed.training_step = no_step  # type: ignore[method-assign]
+    with pytest.raises(StateMismatchError, match=expected) as error:
+        resumed.train(resume_from_checkpoint=str(good))
+    assert str(good / "optimizer.pt") in str(error.value)
+    assert "--model_name_or_path" in str(error.value)
+
+
+def test_a_scheduler_state_of_another_optimizer_is_refused(
+    checkpoints: tuple[Path, Path], tokenizer: Any, data: Any, tmp_path: Path
+) -> None:
+    good, _ = checkpoints
+    scheduler = torch.load(good / "scheduler.pt", weights_only=True)
+    scheduler["base_lrs"] = scheduler["base_lrs"][:1]  # one parameter group where this run has two
+    torch.save(scheduler, good / "scheduler.pt")
+    (good / CHECKSUMS_NAME).unlink()
+    resumed = _trainer(tmp_path / "resume", tokenizer, data)
+    with pytest.raises(
+        StateMismatchError, match=r"scheduler\.pt.*\['base_lrs'\] has 1 entries, this run's 2"
+    ):
+        resumed.train(resume_from_checkpoint=str(good))
+
+
+def test_an_optimizer_state_is_checked_entry_by_entry() -> None:
+    """The check itself: counts, entries per parameter, shapes (factored moments allowed), dtypes."""
+    first, second = torch.nn.Parameter(torch.zeros(4, 3)), torch.nn.Parameter(torch.zeros(2, 3))
+    optimizer = torch.optim.Adam([first, second])
+    moments = {"step": torch.tensor(1.0), "exp_avg": torch.zeros(4, 3), "exp_avg_sq": torch.zeros(4, 3)}
+    state = {
+        "state": {
+            0: moments,
+            1: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(2, 3), "exp_avg_sq": torch.zeros(2, 3)},
+        },
+        "param_groups": [{"params": [0, 1]}],
+    }
+    check_optimizer_state(state, optimizer, "optimizer.pt")
+    names = {id(first): "first"}
+    cases = [
+        ({0: {**moments, "exp_avg_sq": torch.zeros(4)}}, None),  # factored (Adafactor's row)
+        (
+            {0: {**moments, "exp_avg": torch.zeros(4, 2)}},
+            r"exp_avg of first has shape \[4, 2\], the parameter \[4, 3\]",
+        ),
+        (
+            {0: {**moments, "exp_avg": torch.zeros(4, 3, dtype=torch.int64)}},
+            "exp_avg of first is torch.int64",
+        ),
+        ({0: {**moments, "step": torch.ones(2)}}, "the step of first has 2 values"),
+        (
+            {0: {"step": moments["step"], "exp_avg": moments["exp_avg"]}},
+            r"parameter 1 holds the entries \['exp_avg', 'exp_avg_sq', 'step'\], first \['exp_avg', 'step'\]",
+        ),
+        ({5: moments}, "parameter 5, which the optimizer does not have"),
+    ]
+    for changed, expected in cases:
+        edited = {**state, "state": {**state["state"], **changed}}
+        if expected is None:
+            check_optimizer_state(edited, optimizer, "optimizer.pt", names)
+            continue
+        with pytest.raises(StateMismatchError, match=expected):
+            check_optimizer_state(edited, optimizer, "optimizer.pt", names)
+    for malformed in ({"x": 1}, {"state": {}, "param_groups": [[0, 1]]}, {**state, "state": {0: [1, 2]}}):
+        with pytest.raises(
+            StateMismatchError, match=r"not an optimizer state|not those of an optimizer|not entries"
+        ):
+            check_optimizer_state(malformed, optimizer, "optimizer.pt")
+    with pytest.raises(StateMismatchError, match="1 parameter group"):
+        check_optimizer_state(
+            {**state, "param_groups": [{"params": [0, 1]}]},
+            torch.optim.Adam([{"params": [first]}, {"params": [second]}]),
+            "optimizer.pt",
+        )
 
 
 # --------------------------------------------------------------------------------------------------

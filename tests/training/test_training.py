@@ -26,6 +26,7 @@ from transformers.optimization import get_inverse_sqrt_schedule
 from hf_vanilla.data.batching import TokenBudgetBatchSampler
 from hf_vanilla.data.loading import DataArguments, load_local_files
 from hf_vanilla.data.tokenization import tokenize_translations
+from hf_vanilla.inference.translation import InputTooLongError
 from hf_vanilla.training.arguments import (
     PAPER_MAX_TOKENS_PER_PROCESS,
     PaperTrainingArguments,
@@ -352,6 +353,66 @@ def test_resume_from_checkpoint_continues_the_same_run(tmp_path: Path, tokenizer
     )
     assert (straight / "checkpoint-9").is_dir()
     assert results["epoch"] > 0
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_fine_tuning_half_precision_weights_trains_float32_master_weights(
+    tmp_path: Path, tokenizer, half: torch.dtype, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A folder saved after model.half() fine-tunes on float32 master weights (in place, Adam's ε = 1e-9
+    and the small updates underflow: the loss climbs); one info line says so."""
+    saved = tmp_path / "half"
+    tiny_model(seed=0).to(half).save_pretrained(saved)
+    model_args, data_args, training_args = _run_args(
+        tmp_path, tokenizer, tmp_path / "out", save_strategy="no"
+    )
+    model_args = TrainingModelArguments(
+        model_name_or_path=str(saved), tokenizer_name_or_path=model_args.tokenizer_name_or_path
+    )
+    training_args.learning_rate = 3e-3
+    dtypes: list[set[torch.dtype]] = []
+
+    class Watch(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            dtypes.append({p.dtype for p in model.parameters()})
+
+    original = PaperSeq2SeqTrainer.__init__
+
+    def with_watch(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.add_callback(Watch())
+
+    with caplog.at_level("INFO", logger="hf_vanilla.training.run"), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PaperSeq2SeqTrainer, "__init__", with_watch)
+        run_training(model_args, data_args, training_args)
+    assert dtypes and all(seen == {torch.float32} for seen in dtypes)
+    assert any("upcasts them to float32 master weights" in r.getMessage() for r in caplog.records)
+    history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
+    losses = [entry["loss"] for entry in history if "loss" in entry]
+    assert all(math.isfinite(loss) for loss in losses)
+    assert losses[-1] < losses[0]
+    assert all(t.dtype == torch.float32 for t in _weights(tmp_path / "out").values())
+
+
+@pytest.mark.parametrize(("side", "line"), [("source", 5), ("target", 2)])
+def test_a_training_pair_longer_than_the_model_takes_is_one_error_naming_file_and_line(
+    tmp_path: Path, tokenizer, side: str, line: int
+) -> None:
+    """A huge line (a 2 MB line of a crawled corpus asked the allocator for 1.4 TB) is refused at data
+    preparation, naming the file and line, as translation refuses an overlong input; nothing is trained."""
+    pairs = _pairs(8, 0)
+    huge = " ".join(["w5"] * 1100)  # more than max_position_embeddings (1024) tokens
+    pairs[line - 1] = (huge, pairs[line - 1][1]) if side == "source" else (pairs[line - 1][0], huge)
+    model_args, data_args, training_args = _run_args(tmp_path, tokenizer, tmp_path / "out")
+    data_args.train_files = [_write_tsv(tmp_path / "long.tsv", pairs)]
+    with pytest.raises(
+        InputTooLongError, match=rf"long\.tsv, line {line}, its {side} side \(1 pair\(s\) of the train"
+    ):
+        run_training(model_args, data_args, training_args)
+    assert not any((tmp_path / "out").glob("checkpoint-*"))
+    # Truncation, which the message offers, trains on it.
+    model_args.max_source_length = model_args.max_target_length = 1024
+    run_training(model_args, data_args, _args(tmp_path / "truncated", max_steps=1))
 
 
 def test_missing_checkpoint_and_existing_run_fail_before_any_work(tmp_path: Path, tokenizer) -> None:
