@@ -19,7 +19,13 @@ import torch
 
 from hf_vanilla.io.atomic import refuse_to_replace
 from hf_vanilla.io.errors import CheckpointDeletedError, CheckpointError
-from hf_vanilla.io.safe_loading import checkpoint_folders, verify_checkpoint
+from hf_vanilla.io.safe_loading import (
+    TRAINER_STATE_NAME,
+    checkpoint_folders,
+    checkpoint_step,
+    verify_checkpoint,
+    verify_model_folder,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +120,8 @@ def rotate_checkpoints_by_step(
 @contextlib.contextmanager
 def pinned_checkpoints(checkpoints: Sequence[str | Path]) -> Iterator[list[Path]]:
     """Private snapshots of ``checkpoints``, each checked with :func:`verify_checkpoint` (weights,
-    pickles, ``checksums.sha256``: what ``--run_dir`` and resuming check), to read instead of them.
+    pickles, ``checksums.sha256``: what ``--run_dir`` and resuming check; a model folder that is no
+    Trainer checkpoint, such as a final model, with :func:`verify_model_folder`), to read instead of them.
 
     A training run with ``--save_total_limit`` deletes old checkpoints (``shutil.rmtree``) whenever it
     saves, and a command reading one meanwhile found files missing halfway. Every file of each checkpoint
@@ -134,7 +141,10 @@ def pinned_checkpoints(checkpoints: Sequence[str | Path]) -> Iterator[list[Path]
             snapshot = holders[-1] / original.name
             linked = _pin(original, snapshot)
             try:
-                verify_checkpoint(snapshot)
+                if checkpoint_step(original) is not None or (original / TRAINER_STATE_NAME).is_file():
+                    verify_checkpoint(snapshot)
+                else:  # a model folder (a final model, another average): its weights and manifest
+                    verify_model_folder(snapshot)
             except (CheckpointError, FileNotFoundError) as err:
                 if not original.is_dir() or (linked and _unlinked_since(snapshot)):
                     raise CheckpointDeletedError(original) from err
