@@ -101,7 +101,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     )
 
 
-# Round three: scenes for what a model folder records and the JSON files a command reads
+# Scenes for what a model folder records and the JSON files a command reads
 def _flip_a_bit(weights: Path) -> None:
     """One bit of the first tensor flipped in place: same size, same header, a huge but finite value."""
     data = bytearray(weights.read_bytes())
@@ -979,7 +979,7 @@ CLI_CASES: dict[str, Case] = {
         "is the input",
         lambda w, t: _model_inside(w, t),
     ),
-    # Round three: what a model folder records, and the JSON files a command reads
+    # What a model folder records, and the JSON files a command reads
     "translate with a flipped bit in a training run's final model": Case(
         "translate",
         _translate("--overwrite", model="copy"),
