@@ -16,6 +16,7 @@ from hf_vanilla.inference.options import (
 )
 from hf_vanilla.io.checksums import verify_checksums
 from hf_vanilla.io.json_files import read_json
+from hf_vanilla.models import paper_decoding
 
 if TYPE_CHECKING:
     import torch
@@ -117,7 +118,7 @@ class CTranslate2Model:
         self.folder = folder
         generation = folder / "generation_config.json"
         defaults = read_json(generation, hint=_EXPORT_AGAIN) if generation.is_file() else {}
-        self.max_length_offset = int(defaults.get("max_length_offset", 50))
+        self.max_length_offset = int(defaults.get("max_length_offset", paper_decoding()["max_length_offset"]))
         self.config = self._vocabulary_config(folder, defaults)
         try:
             self.translator = ctranslate2.Translator(

@@ -1,1 +1,30 @@
 """The models. Each sub-package holds one model's files, the ones that travel into a Hub folder."""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+__all__ = ["paper_decoding"]
+
+
+def _literal(path: Path, name: str) -> Any:
+    """The value of the module-level assignment ``name = <literal>`` in the Python file ``path``, read
+    from its source without importing it (the model files import torch and transformers)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        targets = node.targets if isinstance(node, ast.Assign) else [target] if target else []
+        if any(getattr(target, "id", None) == name for target in targets) and node.value is not None:
+            return ast.literal_eval(node.value)
+    raise LookupError(f"{path} assigns no {name}.")
+
+
+@cache
+def paper_decoding() -> dict[str, Any]:
+    """The paper's decoding defaults (§6.1) as generation-config keys (``num_beams``, ``length_penalty``,
+    ``early_stopping``, ``max_length_offset``): the model's ``PAPER_DECODING``, which its generation file
+    defines, read without importing torch so that a command's ``--help`` stays light."""
+    path = Path(__file__).parent / "vanilla_transformer" / "generation_vanilla_transformer.py"
+    return dict(_literal(path, "PAPER_DECODING"))
