@@ -4,10 +4,10 @@ that a command's ``--help`` answers at once; :mod:`hf_vanilla.inference.decoding
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from hf_vanilla.io.numbers import non_finite_names
 from hf_vanilla.models import paper_decoding
 
 __all__ = [
@@ -116,9 +116,9 @@ class Hypothesis:
 def refuse_non_finite(options: dict[str, Any]) -> None:
     """Raise ``ValueError`` naming the first decoding option that is a non-finite number (NaN or
     infinity decode into garbage without an error)."""
-    for name, value in options.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"`{name}` is {value}, not a finite number: give an ordinary number.")
+    bad = non_finite_names(options.items())
+    if bad:
+        raise ValueError(f"`{bad[0]}` is {options[bad[0]]}, not a finite number: give an ordinary number.")
 
 
 def check_nbest(nbest: int | None, num_beams: int) -> None:

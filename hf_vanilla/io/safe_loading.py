@@ -60,6 +60,7 @@ from hf_vanilla.io.errors import (
 )
 from hf_vanilla.io.json_files import read_json
 from hf_vanilla.io.manifest import verify_config
+from hf_vanilla.io.numbers import non_finite_names
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES, UNREAD_PICKLES, verify_pickle_file
 
 __all__ = [
@@ -312,9 +313,7 @@ def verify_checkpoint(
 # --------------------------------------------------------------------------------------------------
 def nonfinite_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
     """The names of the floating-point tensors among ``tensors`` that hold a NaN or an infinity."""
-    return [
-        name for name, tensor in tensors if tensor.is_floating_point() and not torch.isfinite(tensor).all()
-    ]
+    return non_finite_names(tensors)
 
 
 def refuse_nonfinite(folder: str | Path, names: Sequence[str]) -> None:
