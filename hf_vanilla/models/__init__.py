@@ -10,18 +10,22 @@ from typing import Any
 __all__ = ["paper_decoding"]
 
 
+@cache
 def _literal(path: Path, name: str) -> Any:
     """The value of the module-level assignment ``name = <literal>`` in the Python file ``path``, read
     from its source without importing it (the model files import torch and transformers)."""
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else None
-        targets = node.targets if isinstance(node, ast.Assign) else [target] if target else []
-        if any(getattr(target, "id", None) == name for target in targets) and node.value is not None:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(target, ast.Name) and target.id == name for target in targets):
             return ast.literal_eval(node.value)
     raise LookupError(f"{path} assigns no {name}.")
 
 
-@cache
 def paper_decoding() -> dict[str, Any]:
     """The paper's decoding defaults (§6.1) as generation-config keys (``num_beams``, ``length_penalty``,
     ``early_stopping``, ``max_length_offset``): the model's ``PAPER_DECODING``, which its generation file
