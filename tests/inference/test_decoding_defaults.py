@@ -39,8 +39,9 @@ def test_the_decoding_defaults_are_read_from_the_generation_file(tmp_path: Path)
     ``DecodingOptions`` defaults the commands offer and the length bound their log line names."""
     source = (ROOT / GENERATION).read_text(encoding="utf-8")
     assert f"PAPER_DECODING = {PAPER}" in source
-    shutil.copytree(ROOT / "hf_vanilla", tmp_path / "hf_vanilla", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "hf_vanilla", tmp_path / "hf_vanilla", ignore=shutil.ignore_patterns("__pycache__")
+    )
     (tmp_path / GENERATION).write_text(source.replace(PAPER, OTHER), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
