@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
-import math
 import signal
 import sys
 import threading
@@ -55,6 +54,7 @@ from typing import Any
 
 from hf_vanilla.cli.parsing import DataclassArgumentParser
 from hf_vanilla.io.atomic import forget_new_outputs
+from hf_vanilla.io.numbers import is_non_finite
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def refuse_non_finite(parser: argparse.ArgumentParser, argv: Sequence[str]) -> N
         if value is parser.get_default(name):
             continue
         for item in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(item, float) and not math.isfinite(item):
+            if is_non_finite(item):
                 raise ValueError(
                     f"--{name} {item}: not a finite number. Give an ordinary number (nan and inf are refused: "
                     "they decode or train into garbage)."

@@ -374,16 +374,6 @@ def read_parallel_text(source_path: str | Path, target_path: str | Path) -> tupl
     return _lists(_iter_parallel_text(Path(source_path), Path(target_path)))
 
 
-def read_tsv(path: str | Path) -> tuple[list[str], list[str]]:
-    """A TSV file with `source<TAB>target` on each line (exactly one tab)."""
-    return _lists(_iter_tsv(Path(path)))
-
-
-def read_jsonl(path: str | Path, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
-    """A JSON-lines file with `{"translation": {source_lang: ..., target_lang: ...}}` per line (blank lines skipped)."""
-    return _lists(_iter_jsonl(Path(path), source_lang, target_lang))
-
-
 def _resolve_prefix(prefix: str, lang: str) -> Path | None:
     for candidate in (Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")):
         if candidate.is_file():

@@ -14,13 +14,10 @@ from transformers.dynamic_module_utils import get_relative_imports
 
 from hf_vanilla.io.manifest import write_manifest
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES
-from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig
-from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
-    VanillaTransformerForConditionalGeneration,
-    VanillaTransformerModel,
+from hf_vanilla.models.vanilla_transformer.saving_vanilla_transformer import (
+    folder_auto_map,
+    folder_custom_pipelines,
 )
-from hf_vanilla.models.vanilla_transformer.pipeline_vanilla_transformer import TASK as PIPELINE_TASK
-from hf_vanilla.models.vanilla_transformer.pipeline_vanilla_transformer import VanillaTranslationPipeline
 
 __all__ = [
     "TRAINING_ARGS_JSON",
@@ -35,28 +32,10 @@ __all__ = [
 TRAINING_ARGS_JSON = "training_args.json"
 
 
-def _code_name(cls: type) -> str:
-    """``<code file>.<class>``, how ``config.json`` names a class whose code is in the model folder."""
-    return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
-
-
-#: ``config.json``'s ``auto_map`` in every folder hf_vanilla writes: each Auto class → the hf_vanilla
-#: class it loads, whose code file is in the folder.
-AUTO_MAP = {
-    "AutoConfig": _code_name(VanillaTransformerConfig),
-    "AutoModel": _code_name(VanillaTransformerModel),
-    "AutoModelForSeq2SeqLM": _code_name(VanillaTransformerForConditionalGeneration),
-}
-
-#: ``config.json``'s entry that lets ``pipeline(TASK, model=folder, trust_remote_code=True)`` find the
-#: pipeline class in the folder (what ``Pipeline.save_pretrained`` writes for a registered pipeline).
-CUSTOM_PIPELINES = {
-    PIPELINE_TASK: {
-        "impl": _code_name(VanillaTranslationPipeline),
-        "pt": ["AutoModelForSeq2SeqLM"],
-        "type": "text",
-    }
-}
+#: ``config.json``'s ``auto_map`` and ``custom_pipelines`` in every folder hf_vanilla writes, as the
+#: model's saving file writes them.
+AUTO_MAP = folder_auto_map()
+CUSTOM_PIPELINES = folder_custom_pipelines()
 
 
 def limit_tokenizer_length(tokenizer: Any, config: Any) -> None:

@@ -16,6 +16,8 @@ from hf_vanilla.inference.options import (
 )
 from hf_vanilla.io.checksums import verify_checksums
 from hf_vanilla.io.json_files import read_json
+from hf_vanilla.io.manifest import CTRANSLATE2_WEIGHTS, is_ctranslate2_folder
+from hf_vanilla.models import paper_decoding
 
 if TYPE_CHECKING:
     import torch
@@ -24,12 +26,6 @@ __all__ = ["CTranslate2Model", "is_ctranslate2_folder", "load_ctranslate2_and_to
 
 #: What to do about a damaged file of an export.
 _EXPORT_AGAIN = "Export the model again with hf-vanilla-export-ct2."
-
-
-def is_ctranslate2_folder(folder: str | Path) -> bool:
-    """A CTranslate2 export: ``model.bin`` and no transformers weights beside it."""
-    folder = Path(folder)
-    return (folder / "model.bin").is_file() and not (folder / "model.safetensors").exists()
 
 
 def resolve_backend(args: InferenceModelArguments) -> str:
@@ -100,7 +96,7 @@ class CTranslate2Model:
                 "--backend ctranslate2 needs CTranslate2: pip install 'hf_vanilla[ct2]' (or pip install ctranslate2)."
             ) from err
         folder = Path(folder)
-        if not (folder / "model.bin").is_file():
+        if not (folder / CTRANSLATE2_WEIGHTS).is_file():
             raise FileNotFoundError(
                 f"--model_name_or_path {str(folder)!r} holds no CTranslate2 model (model.bin): write one with "
                 "hf-vanilla-export-ct2, or use --backend transformers."
@@ -117,7 +113,7 @@ class CTranslate2Model:
         self.folder = folder
         generation = folder / "generation_config.json"
         defaults = read_json(generation, hint=_EXPORT_AGAIN) if generation.is_file() else {}
-        self.max_length_offset = int(defaults.get("max_length_offset", 50))
+        self.max_length_offset = int(defaults.get("max_length_offset", paper_decoding()["max_length_offset"]))
         self.config = self._vocabulary_config(folder, defaults)
         try:
             self.translator = ctranslate2.Translator(

@@ -4,9 +4,11 @@ that a command's ``--help`` answers at once; :mod:`hf_vanilla.inference.decoding
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from hf_vanilla.io.numbers import non_finite_names
+from hf_vanilla.models import paper_decoding
 
 __all__ = [
     "BACKENDS",
@@ -30,13 +32,22 @@ LARGEST_LENGTH_PENALTY = 10.0
 #: ``--early_stopping`` values and what ``generate()`` receives for each.
 EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
 
+#: The paper's decoding defaults (§6.1), as the model's generation file defines them.
+_PAPER = paper_decoding()
+_EARLY_STOPPING_NAMES = {value: name for name, value in EARLY_STOPPING.items()}
+
 
 @dataclass
 class DecodingOptions:
     """Decoding settings; the defaults are the paper's (§6.1)."""
 
-    num_beams: int = field(default=4, metadata={"help": "Beam size (§6.1: 4)."})
-    length_penalty: float = field(default=0.6, metadata={"help": "Length penalty α (§6.1: 0.6)."})
+    num_beams: int = field(
+        default=_PAPER["num_beams"], metadata={"help": f"Beam size (§6.1: {_PAPER['num_beams']})."}
+    )
+    length_penalty: float = field(
+        default=_PAPER["length_penalty"],
+        metadata={"help": f"Length penalty α (§6.1: {_PAPER['length_penalty']})."},
+    )
     length_penalty_type: Literal["hf", "gnmt"] = field(
         default="hf",
         metadata={
@@ -45,7 +56,7 @@ class DecodingOptions:
         },
     )
     early_stopping: Literal["never", "true", "false"] = field(
-        default="never",
+        default=_EARLY_STOPPING_NAMES[_PAPER["early_stopping"]],
         metadata={
             "help": "When beam search stops. 'never': when no running hypothesis can beat the finished ones "
             "(§6.1's rule); 'true': as soon as num_beams hypotheses have finished; 'false': HF's heuristic."
@@ -66,7 +77,7 @@ class DecodingOptions:
         if abs(self.length_penalty) > LARGEST_LENGTH_PENALTY:
             raise ValueError(
                 f"--length_penalty {self.length_penalty}: at most {LARGEST_LENGTH_PENALTY} either way; beyond it "
-                "|Y|^α overflows for long outputs (§6.1 uses 0.6, Hugging Face's default is 1.0)."
+                f"|Y|^α overflows for long outputs (§6.1 uses {_PAPER['length_penalty']}, Hugging Face's default is 1.0)."
             )
         if not isinstance(self.num_beams, int) or self.num_beams < 1:
             raise ValueError(
@@ -78,8 +89,9 @@ class DecodingOptions:
     def describe(self) -> str:
         """One line naming the decoding settings, for logs, result files and the model card: greedy
         decoding (``num_beams=1``) is named as such, without the beam-only length penalty and stopping rule."""
+        length = f"max output length = input length + {_PAPER['max_length_offset']}"
         if self.num_beams == 1:
-            return "greedy (beam 1), max output length = input length + 50"
+            return f"greedy (beam 1), {length}"
         if self.length_penalty_type == "gnmt":
             penalty = (
                 f"GNMT length penalty ((5+|Y|)/6)^{self.length_penalty} applied by rescoring the "
@@ -87,10 +99,7 @@ class DecodingOptions:
             )
         else:
             penalty = f"HF length penalty |Y|^{self.length_penalty} inside beam search"
-        return (
-            f"beam {self.num_beams}, {penalty}, max output length = input length + 50, "
-            f"early_stopping={self.early_stopping}"
-        )
+        return f"beam {self.num_beams}, {penalty}, {length}, early_stopping={self.early_stopping}"
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "description": self.describe()}
@@ -107,9 +116,9 @@ class Hypothesis:
 def refuse_non_finite(options: dict[str, Any]) -> None:
     """Raise ``ValueError`` naming the first decoding option that is a non-finite number (NaN or
     infinity decode into garbage without an error)."""
-    for name, value in options.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"`{name}` is {value}, not a finite number: give an ordinary number.")
+    bad = non_finite_names(options.items())
+    if bad:
+        raise ValueError(f"`{bad[0]}` is {options[bad[0]]}, not a finite number: give an ordinary number.")
 
 
 def check_nbest(nbest: int | None, num_beams: int) -> None:

@@ -15,6 +15,9 @@ A Trainer checkpoint's ``checksums.sha256`` lists every file of the checkpoint i
 (:func:`hf_vanilla.io.checksums.write_checksums`). A CTranslate2 export carries the checksums without
 ``architecture.json`` (its ``config.json`` is CTranslate2's). A folder without these files (a stock
 ``save_pretrained``, a Hub download, a folder written before) loads unchecked, as before.
+
+It also tells an export of hf_vanilla's (CTranslate2, ONNX) from a model folder
+(:func:`is_ctranslate2_folder`, :func:`export_kind`), for the commands that load either.
 """
 
 from __future__ import annotations
@@ -32,9 +35,12 @@ from hf_vanilla.io.json_files import read_json
 __all__ = [
     "ADJUSTABLE_FIELDS",
     "ARCHITECTURE_NAME",
+    "CTRANSLATE2_WEIGHTS",
     "MANIFEST_PATTERNS",
     "TOKENIZER_PATTERNS",
     "architecture_of",
+    "export_kind",
+    "is_ctranslate2_folder",
     "verify_config",
     "verify_tokenizer_files",
     "write_manifest",
@@ -42,6 +48,9 @@ __all__ = [
 
 #: The record of the config values the weights were written with.
 ARCHITECTURE_NAME = "architecture.json"
+
+#: The weights file of a CTranslate2 export (hf-vanilla-export-ct2).
+CTRANSLATE2_WEIGHTS = "model.bin"
 
 #: The files of a tokenizer (``save_pretrained``'s, and those of converted Marian and FSMT models).
 TOKENIZER_PATTERNS = (
@@ -62,7 +71,7 @@ MANIFEST_PATTERNS = (
     "model.safetensors",
     "model-*.safetensors",
     "model.safetensors.index.json",
-    "model.bin",
+    CTRANSLATE2_WEIGHTS,
     "*_vocabulary.json",
     *TOKENIZER_PATTERNS,
     "*.py",
@@ -165,3 +174,26 @@ def verify_tokenizer_files(folder: str | Path) -> None:
     folder = Path(folder)
     if (folder / CHECKSUMS_NAME).is_file():
         verify_checksums(folder, TOKENIZER_PATTERNS)
+
+
+def is_ctranslate2_folder(folder: str | Path) -> bool:
+    """A CTranslate2 export: ``model.bin`` and no transformers weights beside it."""
+    folder = Path(folder)
+    return (folder / CTRANSLATE2_WEIGHTS).is_file() and not (folder / "model.safetensors").exists()
+
+
+def export_kind(folder: str | Path) -> tuple[str, str] | None:
+    """What ``folder`` holds when it is an export of hf_vanilla's rather than a transformers model folder
+    (what it is, and how to run it), so that it is not taken for a damaged save; ``None`` otherwise."""
+    folder = Path(folder)
+    if is_ctranslate2_folder(folder):
+        return (
+            f"a CTranslate2 export ({CTRANSLATE2_WEIGHTS})",
+            "To translate with the export itself: hf-vanilla-translate --backend ctranslate2.",
+        )
+    if any(folder.glob("*.onnx")):
+        return (
+            "an ONNX export (*.onnx)",
+            "To translate with the export itself: hf_vanilla.interop.onnx_generation (docs/interop.md).",
+        )
+    return None

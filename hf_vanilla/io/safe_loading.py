@@ -59,7 +59,8 @@ from hf_vanilla.io.errors import (
     damaged_file_hint,
 )
 from hf_vanilla.io.json_files import read_json
-from hf_vanilla.io.manifest import verify_config
+from hf_vanilla.io.manifest import export_kind, verify_config
+from hf_vanilla.io.numbers import non_finite_names
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES, UNREAD_PICKLES, verify_pickle_file
 
 __all__ = [
@@ -161,22 +162,6 @@ def verify_safetensors_file(path: str | Path) -> None:
 # --------------------------------------------------------------------------------------------------
 # whole-folder checks
 # --------------------------------------------------------------------------------------------------
-def _export_kind(folder: Path) -> tuple[str, str] | None:
-    """What a folder without transformers weights holds when it is an export of hf_vanilla's (what it
-    is, and how to run it), so that it is not taken for a damaged save."""
-    if (folder / "model.bin").is_file():
-        return (
-            "a CTranslate2 export (model.bin)",
-            "To translate with the export itself: hf-vanilla-translate --backend ctranslate2.",
-        )
-    if any(folder.glob("*.onnx")):
-        return (
-            "an ONNX export (*.onnx)",
-            "To translate with the export itself: hf_vanilla.interop.onnx_generation (docs/interop.md).",
-        )
-    return None
-
-
 def verify_model_folder(folder: str | Path, *, checksums: bool = True) -> None:
     """Check a ``save_pretrained`` folder before ``from_pretrained`` reads it.
 
@@ -206,7 +191,7 @@ def verify_model_folder(folder: str | Path, *, checksums: bool = True) -> None:
     else:
         pickled = sorted(folder.glob("pytorch_model*.bin"))
         if not pickled:
-            export = _export_kind(folder)
+            export = export_kind(folder)
             if export is not None:
                 raise CheckpointError(
                     f"{str(folder)!r} is {export[0]}, not a transformers model folder: this command needs the "
@@ -312,9 +297,7 @@ def verify_checkpoint(
 # --------------------------------------------------------------------------------------------------
 def nonfinite_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
     """The names of the floating-point tensors among ``tensors`` that hold a NaN or an infinity."""
-    return [
-        name for name, tensor in tensors if tensor.is_floating_point() and not torch.isfinite(tensor).all()
-    ]
+    return non_finite_names(tensors)
 
 
 def refuse_nonfinite(folder: str | Path, names: Sequence[str]) -> None:

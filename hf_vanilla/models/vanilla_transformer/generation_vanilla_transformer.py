@@ -35,8 +35,14 @@ from transformers.utils import ModelOutput
 from . import fast_paths
 from .fast_paths import reorder_self_attention_cache
 
-#: §6.1: "We set the maximum output length during inference to input length + 50".
-MAX_LENGTH_OFFSET = 50
+#: The paper's decoding defaults (§6.1), as generation-config keys: "we used beam search with a beam
+#: size of 4 and length penalty α = 0.6"; "we set the maximum output length during inference to input
+#: length + 50" (``max_length_offset``); "terminate early when possible", i.e. stop when no better
+#: hypothesis can appear, which is HF's ``early_stopping="never"`` (``True`` stops as soon as
+#: ``num_beams`` hypotheses have finished). The only place these numbers are written: hf_vanilla's
+#: commands read this literal from the file's source (without importing torch).
+PAPER_DECODING = {"num_beams": 4, "length_penalty": 0.6, "early_stopping": "never", "max_length_offset": 50}
+MAX_LENGTH_OFFSET: int = PAPER_DECODING["max_length_offset"]
 
 
 def _source_lengths(inputs: torch.Tensor | None, kwargs: dict[str, object]) -> torch.Tensor | None:
@@ -435,14 +441,11 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
     and beam search over one encoder output per sentence."""
 
     def _set_paper_generation_defaults(self) -> None:
-        # §6.1: beam size 4; length penalty α = 0.6, applied as HF's log P / |Y|^α (the paper cites
-        # GNMT's ((5 + |Y|) / 6)^α; see hf_vanilla.inference.translation); max output length = source length +
-        # `max_length_offset` per sentence (see generate); stop when no better hypothesis can appear,
-        # which is HF's "never" (True stops as soon as num_beams hypotheses have finished).
-        self.generation_config.num_beams = 4
-        self.generation_config.length_penalty = 0.6
-        self.generation_config.early_stopping = "never"
-        self.generation_config.max_length_offset = MAX_LENGTH_OFFSET
+        # PAPER_DECODING; the length penalty is applied as HF's log P / |Y|^α (the paper cites GNMT's
+        # ((5 + |Y|) / 6)^α; see hf_vanilla.inference.translation); the output length bound is
+        # source length + `max_length_offset` per sentence (see generate).
+        for key, value in PAPER_DECODING.items():
+            setattr(self.generation_config, key, value)
         # Ours, not derived from the model config: saved and loaded with its custom key (transformers
         # drops keys it does not know from a config marked as derived from the model config).
         self.generation_config._from_model_config = False
@@ -618,7 +621,8 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         offset = MAX_LENGTH_OFFSET if offset is None else offset
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(
-                f"`max_length_offset` must be a non-negative number of tokens (§6.1: 50), got {offset!r}."
+                f"`max_length_offset` must be a non-negative number of tokens (§6.1: {MAX_LENGTH_OFFSET}), "
+                f"got {offset!r}."
             )
         source_lengths = _source_lengths(inputs, kwargs)
         if source_lengths is not None:

@@ -31,6 +31,37 @@ from transformers.dynamic_module_utils import custom_object_save
 from transformers.utils.loading_report import LoadStateDictInfo
 
 
+def code_name(cls: type) -> str:
+    """``<code file>.<class>``, how ``config.json`` names a class whose code is in the model folder."""
+    return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+
+
+def folder_auto_map() -> dict[str, str]:
+    """``config.json``'s ``auto_map`` in every folder of this model: each Auto class → the class it
+    loads, whose code file is in the folder."""
+    from .configuration_vanilla_transformer import VanillaTransformerConfig
+    from .modeling_vanilla_transformer import (
+        VanillaTransformerForConditionalGeneration,
+        VanillaTransformerModel,
+    )
+
+    return {
+        "AutoConfig": code_name(VanillaTransformerConfig),
+        "AutoModel": code_name(VanillaTransformerModel),
+        "AutoModelForSeq2SeqLM": code_name(VanillaTransformerForConditionalGeneration),
+    }
+
+
+def folder_custom_pipelines() -> dict[str, dict[str, object]]:
+    """``config.json``'s entry that lets ``pipeline(TASK, model=folder, trust_remote_code=True)`` find the
+    pipeline class in the folder (what ``Pipeline.save_pretrained`` writes for a registered pipeline)."""
+    from .pipeline_vanilla_transformer import TASK, VanillaTranslationPipeline
+
+    return {
+        TASK: {"impl": code_name(VanillaTranslationPipeline), "pt": ["AutoModelForSeq2SeqLM"], "type": "text"}
+    }
+
+
 @contextlib.contextmanager
 def restored_auto_class_registration(model: PreTrainedModel, *config_keys: str) -> Iterator[None]:
     """On leaving, put back what was there on entering: the ``_auto_class`` registration of the model's
@@ -85,28 +116,19 @@ class VanillaTransformerSavingMixin:
         if type(self).__module__ != modeling and "_auto_class" in type(self).__dict__:
             return super().save_pretrained(save_directory, *args, **kwargs)  # a user's registered class
         own = next(cls for cls in type(self).__mro__ if cls.__module__ == modeling)  # hf_vanilla's class
-        module = modeling.rsplit(".", 1)[-1]
         generating = isinstance(self, GenerationMixin)
         auto_class = self._auto_class or ("AutoModelForSeq2SeqLM" if generating else "AutoModel")
         with restored_auto_class_registration(self, "auto_map", "custom_pipelines"):
             self.config.register_for_auto_class()  # AutoConfig; a class attribute
             self.config.auto_map = {
                 **(self.config.__dict__.get("auto_map") or {}),
-                "AutoModel": f"{module}.VanillaTransformerModel",
-                "AutoModelForSeq2SeqLM": f"{module}.VanillaTransformerForConditionalGeneration",
-                auto_class: f"{module}.{own.__name__}",
+                **folder_auto_map(),
+                auto_class: code_name(own),
             }
             if generating:
-                from .pipeline_vanilla_transformer import TASK, VanillaTranslationPipeline
-
-                pipeline_module = VanillaTranslationPipeline.__module__.rsplit(".", 1)[-1]
                 self.config.custom_pipelines = {
                     **(self.config.__dict__.get("custom_pipelines") or {}),
-                    TASK: {
-                        "impl": f"{pipeline_module}.{VanillaTranslationPipeline.__name__}",
-                        "pt": ["AutoModelForSeq2SeqLM"],
-                        "type": "text",
-                    },
+                    **folder_custom_pipelines(),
                 }
             if own is type(self):  # transformers copies the modeling file (and uploads it with push_to_hub)
                 own._auto_class = auto_class
