@@ -19,7 +19,8 @@ Written to ``--output_dir``: the model (``model.safetensors``, ``config.json``,
 hf_vanilla is not installed), the tokenizer, a model card (``README.md``), ``demo_results.json``,
 ``training_record.json`` (title, data and a few of the trained numbers, which the web page and
 ``hf-vanilla-publish`` show), ``test_translations.tsv`` and the pictures ``training_curves.png``, ``positional_encoding.png``,
-``cross_attention_grid.png`` and ``cross_attention_mean.png``.
+``encoder_self_attention_grid.png``, ``decoder_self_attention_grid.png``, ``cross_attention_grid.png``,
+``cross_attention_mean.png`` and ``attention_masks.png``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ import transformers
 from transformers import DataCollatorForSeq2Seq
 
 from hf_vanilla.analysis.evaluation import compute_bleu_chrf, evaluate_dataset
-from hf_vanilla.analysis.plotting import plot_cross_attention, plot_positional_encoding, plot_training_curves
+from hf_vanilla.analysis.plotting import (
+    label_smoothing_floor,
+    plot_attention,
+    plot_attention_masks,
+    plot_positional_encoding,
+    plot_training_curves,
+)
 from hf_vanilla.data.loading import translation_features
 from hf_vanilla.data.numbers import make_demo_splits, make_number_pairs
 from hf_vanilla.data.tokenization import (
@@ -242,10 +249,21 @@ def _run_demo(args: DemoArguments, output_dir: Path) -> dict[str, Any]:
     reordered = next((p for p in pairs if "-" in p["en"]), pairs[0])
 
     plot_training_curves(
-        trainer.state.log_history, output_dir / "training_curves.png"
-    )  # eval_bleu: char BLEU
+        trainer.state.log_history,
+        output_dir / "training_curves.png",
+        bleu_name="character BLEU",
+        loss_floor=label_smoothing_floor(args.label_smoothing, model.config.vocab_size),
+    )
     plot_positional_encoding(output_dir / "positional_encoding.png", num_positions=50, d_model=args.d_model)
-    plot_cross_attention(model, tokenizer, reordered["en"], output_dir, prefix="cross_attention")
+    plot_attention(model, tokenizer, reordered["en"], output_dir)
+    # a padded batch: the shorter pair's row shows the padding mask
+    shorter = min(pairs, key=lambda pair: len(pair["en"]))
+    plot_attention_masks(
+        model,
+        tokenizer,
+        [(reordered["en"], reordered["de"]), (shorter["en"], shorter["de"])],
+        output_dir / "attention_masks.png",
+    )
 
     results = {
         # what hf-vanilla-evaluate's results name, so that hf-vanilla-publish takes this file

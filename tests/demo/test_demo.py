@@ -30,6 +30,9 @@ FILES = (
     "positional_encoding.png",
     "cross_attention_grid.png",
     "cross_attention_mean.png",
+    "encoder_self_attention_grid.png",
+    "decoder_self_attention_grid.png",
+    "attention_masks.png",
 )
 
 
