@@ -310,3 +310,49 @@ def test_plot_options_that_need_another_are_usage_errors(
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+# --- what the pictures say (their figures, before they are written) --------------------------------
+
+
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each plot_* function returns its matplotlib Figure instead of writing it."""
+    from hf_vanilla.analysis import plotting
+
+    monkeypatch.setattr(plotting, "_save", lambda fig, path, dpi: fig)
+
+
+def test_positional_encoding_shows_one_frequency_as_smooth_sine_and_cosine(figures) -> None:
+    heat_map, curves = plot_positional_encoding("pe.png", num_positions=50, d_model=64).axes[:2]
+    assert "pair index i" in heat_map.get_xlabel()  # the paper's i: columns 2i (sin) and 2i + 1 (cos)
+    smooth = {
+        line.get_label().split(",")[0]: line.get_ydata()
+        for line in curves.lines
+        if len(line.get_ydata()) > 50
+    }
+    assert set(smooth) == {"sin", "cos"}
+    for values in smooth.values():
+        assert np.abs(np.diff(values)).max() < 0.05  # drawn between the integer positions, not a zigzag
+    np.testing.assert_allclose(smooth["sin"] ** 2 + smooth["cos"] ** 2, 1.0, atol=1e-6)  # one frequency
+
+
+def test_attention_grid_names_its_axes_and_says_how_to_read_it(figures) -> None:
+    fig = plot_attention_grid(
+        random_attention(2, 2, 3, 4), list("abcd"), list("xyz"), "grid.png", caption="Rows sum to 1."
+    )
+    bottom_left = fig.axes[3]  # layer 2, head 1
+    assert bottom_left.get_xlabel().startswith("key") and bottom_left.get_ylabel().startswith("query")
+    assert fig._supxlabel.get_text() == "Rows sum to 1."
+
+
+def test_training_curves_show_bleu_on_its_whole_scale_the_loss_floor_and_the_schedule(figures) -> None:
+    history = [
+        {**row, "eval_bleu": 99.4 + row["step"] / 100} if "eval_bleu" in row else row for row in LOG_HISTORY
+    ]
+    fig = plot_training_curves(history, "curves.png", bleu_name="character BLEU", loss_floor=0.9)
+    loss, _, bleu, rate = fig.axes[:4]
+    assert bleu.get_title() == "validation character BLEU (0–100)" and bleu.get_ylim()[0] == 0
+    assert bleu.get_ylim()[1] >= 100  # 99.6 and 99.8 are not magnified into a slope
+    assert any("label-smoothing floor 0.900" in line.get_label() for line in loss.lines)
+    assert rate.get_title() == "learning rate, peak 0.0002" and "Eq. 3" not in rate.get_title()
