@@ -40,6 +40,7 @@ from transformers import DataCollatorForSeq2Seq
 
 from hf_vanilla.analysis.evaluation import compute_bleu_chrf, evaluate_dataset
 from hf_vanilla.analysis.plotting import (
+    head_distances,
     label_smoothing_floor,
     plot_attention,
     plot_attention_masks,
@@ -173,6 +174,22 @@ def _write_translations(path: Path, pairs: list[dict[str, str]], hypotheses: lis
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+#: Held-out pairs on which the demo measures how different the attention heads are.
+HEAD_PAIRS = 20
+
+
+def _head_distances(
+    model: Any, tokenizer: Any, pairs: list[tuple[str, str]]
+) -> dict[str, list[float]] | None:
+    """:func:`hf_vanilla.analysis.plotting.head_distances` per attention, rounded (None with one head)."""
+    if model.config.encoder_attention_heads < 2 or model.config.decoder_attention_heads < 2:
+        return None
+    return {
+        name: [round(float(d), 3) for d in layers]
+        for name, layers in head_distances(model, tokenizer, pairs).items()
+    }
+
+
 def run_demo(args: DemoArguments) -> dict[str, Any]:
     """Train, evaluate, write the model folder and pictures; return the results (also in
     ``demo_results.json``). An existing ``--output_dir`` is refused unless ``--overwrite``; the folder
@@ -211,6 +228,8 @@ def _run_demo(args: DemoArguments, output_dir: Path) -> dict[str, Any]:
         model.num_parameters() / 1e6,
     )
     tokenized = tokenize_translations(data, tokenizer, "en", "de")
+    held_out = [(pair["en"], pair["de"]) for pair in data["test"]["translation"][:HEAD_PAIRS]]
+    heads_at_start = _head_distances(model, tokenizer, held_out)
 
     trainer = PaperSeq2SeqTrainer(
         model=model,
@@ -290,6 +309,13 @@ def _run_demo(args: DemoArguments, output_dir: Path) -> dict[str, Any]:
             (e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None
         ),
         "samples": sample_rows,
+        # how different the heads attend (0 = alike, 1 = no key in common), per attention and layer
+        "head_distances": heads_at_start
+        and {
+            "pairs": len(held_out),
+            "initialisation": heads_at_start,
+            "trained": _head_distances(model, tokenizer, held_out),
+        },
         "settings": asdict(args),
     }
     title = "hf_vanilla demo: a small Transformer for English → German numbers"
@@ -348,8 +374,19 @@ def report(results: dict[str, Any], output_dir: str) -> str:
         f"  decoding     {results['decoding']['description']}",
         f"Training: {results['steps']} steps in {results['train_seconds']:.0f} s; total {results['total_seconds']:.0f} s "
         f"on {_threads(results['threads'])}",
-        "Sample translations of held-out numbers:",
     ]
+    heads = results.get("head_distances")
+    if heads:
+        lines.append(
+            f"How different the attention heads are on {heads['pairs']} held-out numbers (0 = alike, 1 = no key in "
+            "common), per layer, initialisation → trained:"
+        )
+        for name, start in heads["initialisation"].items():
+            pairs = ", ".join(
+                f"{a:.2f} → {b:.2f}" for a, b in zip(start, heads["trained"][name], strict=True)
+            )
+            lines.append(f"  {name:<8} {pairs}")
+    lines.append("Sample translations of held-out numbers:")
     for row in results["samples"]:
         mark = "✓" if row["translation"] == row["reference"] else "✗"
         lines.append(f"  {mark} {row['source']!r} → {row['translation']!r}")
