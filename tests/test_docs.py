@@ -2,7 +2,9 @@
 link points to a file (and heading) that exists, and CI runs exactly the README's test command.
 
 Snippets run in this process, each in a fresh namespace, in a temporary working directory that holds a
-tiny model folder ``demo_output`` (what README command 1 writes), offline. A snippet that needs what a
+tiny model folder ``demo_output`` (what README command 1 writes, at a tiny size and untrained), offline; a
+snippet that draws writes its picture there. A translated page (:data:`TRANSLATIONS`) must have its
+original's code blocks byte for byte, so its snippets are run once, on the original. A snippet that needs what a
 test cannot have (the Hub, a GPU) is marked in the Markdown by ``<!-- skip-test: REASON -->`` on the line
 before its fence, and listed in :data:`SKIPPED` below with that reason. Bash blocks are not run.
 """
@@ -29,6 +31,9 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("docs/hub.md", "from transformers import pipeline"): "needs the Hub",
     ("docs/interop.md", "import torch"): "needs an ONNX export (about a minute)",
 }
+
+#: Translated pages and the page each translates.
+TRANSLATIONS = {ROOT / "docs" / "walkthrough.zh.md": ROOT / "docs" / "walkthrough.md"}
 
 FENCE = re.compile(r"^```(\w*)\s*$")
 SKIP_MARKER = re.compile(r"^<!--\s*skip-test:\s*(.+?)\s*-->$")
@@ -76,7 +81,7 @@ def snippets(page: Path) -> list[Snippet]:
     ]
 
 
-ALL_SNIPPETS = [snippet for page in PAGES for snippet in snippets(page)]
+ALL_SNIPPETS = [snippet for page in PAGES if page not in TRANSLATIONS for snippet in snippets(page)]
 
 
 def first_code_line(code: str) -> str:
@@ -190,3 +195,63 @@ def test_ci_runs_exactly_the_readmes_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert test.removeprefix(activate) in ci
     assert ci.index(". .venv/bin/activate") < ci.index(test.removeprefix(activate))
+
+
+@pytest.mark.parametrize("translation", TRANSLATIONS, ids=[page.name for page in TRANSLATIONS])
+def test_a_translation_has_the_same_code_and_pictures_and_links_its_original(translation: Path) -> None:
+    original = TRANSLATIONS[translation]
+    texts = [page.read_text(encoding="utf-8") for page in (original, translation)]
+    code = [[(language, block) for language, _, block, _ in fenced_blocks(text)] for text in texts]
+    assert code[0] == code[1] and len(code[0]) >= 8
+    pictures = [re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text) for text in texts]
+    assert pictures[0] == pictures[1]
+    assert original.name in relative_links(translation) and translation.name in relative_links(original)
+
+
+WALKTHROUGH = ROOT / "docs" / "walkthrough.md"
+
+#: The concepts the walk-through explains, one section each, in this order (words of each heading).
+WALKTHROUGH_SECTIONS = [
+    "dot-product attention",
+    "queries, keys and values",
+    "multi-head",
+    "positional encoding",
+    "residual",
+    "shifted right",
+    "causal mask and the padding mask",
+    "encoder-decoder attention",
+]
+
+
+def test_walkthrough_has_one_section_per_concept_in_order() -> None:
+    headings = re.findall(r"^## (.+)$", WALKTHROUGH.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    numbered = [heading.lower() for heading in headings if re.match(r"\d+\. ", heading)]
+    assert len(numbered) == len(WALKTHROUGH_SECTIONS)
+    for heading, concept in zip(numbered, WALKTHROUGH_SECTIONS, strict=True):
+        assert concept in heading, (heading, concept)
+
+
+def test_walkthrough_names_code_that_exists() -> None:
+    """Each section names the code that does it as a link [`symbol`](file.py): the file must define it
+    (a function, a class, or an attribute set in it)."""
+    text = WALKTHROUGH.read_text(encoding="utf-8")
+    references = re.findall(r"\[`(\w+)`\]\(([^)#]+\.py)\)", text)
+    assert len({symbol for symbol, _ in references}) >= 10
+    for symbol, target in references:
+        source = (WALKTHROUGH.parent / target).resolve().read_text(encoding="utf-8")
+        pattern = rf"^\s*(?:def|class) {symbol}\b|^\s*(?:self\.)?{symbol}\s*[:=]"
+        assert re.search(pattern, source, flags=re.MULTILINE), f"{target} does not define {symbol}"
+
+
+def test_walkthrough_pictures_are_committed_small_and_all_shown() -> None:
+    """The committed pictures (drawn from the real demo model by the page's one command) are all shown
+    and each is a PNG under 100 kB. That the drawing code still runs is checked by the snippets, which
+    draw the same pictures into the test's temporary folder."""
+    shown = re.findall(r"!\[[^\]]*\]\((walkthrough/[^)]+)\)", WALKTHROUGH.read_text(encoding="utf-8"))
+    committed = sorted(
+        path.relative_to(WALKTHROUGH.parent).as_posix() for path in (ROOT / "docs" / "walkthrough").iterdir()
+    )
+    assert sorted(shown) == committed and len(committed) >= 7
+    for name in committed:
+        data = (WALKTHROUGH.parent / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 100_000, (name, len(data))

@@ -1,13 +1,18 @@
-"""Pictures of a trained model: cross-attention maps, the positional encoding, training curves.
+"""Pictures of a trained model: its three attentions and masks, the positional encoding, training curves.
 
 All figures are drawn with matplotlib's object-oriented API on an Agg canvas (no pyplot, no global
 backend switch, no display needed) and saved as PNG files:
 
-* :func:`plot_cross_attention` — encoder-decoder attention (§3.2.3) of one sentence pair: one
-  heatmap per layer × head plus the mean over heads, source tokens on the x axis, target tokens on
-  the y axis (the style of the paper's Figures 3–5, which show self-attention). The tick labels are
-  the decoded text of each token (:func:`token_labels`), not the byte-level BPE symbols.
-* :func:`plot_positional_encoding` — the sinusoidal encoding matrix of §3.5, positions × dimensions.
+* :func:`plot_attention` — the three attentions of §3.2.3 for one sentence pair (encoder
+  self-attention, masked decoder self-attention, encoder-decoder attention): one heatmap per
+  layer × head plus the mean over heads, keys on the x axis, queries on the y axis (the style of the
+  paper's Figures 3–5). The tick labels are the decoded text of each token (:func:`token_labels`),
+  not the byte-level BPE symbols. :func:`attention_maps` returns the weights themselves.
+* :func:`plot_attention_masks` — which keys each query may see in a padded batch (:func:`attention_masks`):
+  the padding mask, and the causal mask combined with it in the decoder.
+* :func:`head_distances` — how different the heads of a layer are (a number per layer, not a picture).
+* :func:`plot_positional_encoding` — the sinusoidal encoding matrix of §3.5 and one frequency's sine
+  and cosine.
 * :func:`plot_training_curves` — training/validation loss (label-smoothed, and the unsmoothed
   validation NLL), validation perplexity, validation BLEU and the learning rate (§5.3, Eq. 3) from
   the ``log_history`` of a Trainer's ``trainer_state.json``.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +44,20 @@ from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import s
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ATTENTION_KINDS",
+    "AttentionMaps",
+    "attention_maps",
+    "attention_masks",
     "attention_mean_figure",
     "cross_attention",
     "cross_attention_for_pair",
+    "head_distances",
+    "label_smoothing_floor",
     "load_log_history",
+    "plot_attention",
     "plot_attention_grid",
+    "plot_attention_masks",
     "plot_attention_mean",
-    "plot_cross_attention",
     "plot_positional_encoding",
     "plot_training_curves",
     "token_labels",
@@ -196,28 +209,72 @@ def _heatmap(ax: Any, weights: np.ndarray, source_tokens: Sequence[str], target_
     return image
 
 
+@dataclass(frozen=True)
+class AttentionKind:
+    """How the pictures name one of the three attentions of §3.2.3."""
+
+    title: str
+    keys: str  # x-axis title
+    queries: str  # y-axis title
+    caption: str
+    file_prefix: str
+
+
+#: The three attentions of §3.2.3, by the names :func:`attention_maps` gives them.
+ATTENTION_KINDS: dict[str, AttentionKind] = {
+    "encoder": AttentionKind(
+        "Encoder self-attention",
+        "key: source token",
+        "query: source token",
+        "Row = one source token asking; columns = the source tokens it reads; each row sums to 1.",
+        "encoder_self_attention",
+    ),
+    "decoder": AttentionKind(
+        "Decoder masked self-attention",
+        "key: decoder input token",
+        "query: decoder input token",
+        "Row = one decoder position (its input token); above the diagonal is masked: no peeking ahead.",
+        "decoder_self_attention",
+    ),
+    "cross": AttentionKind(
+        "Encoder-decoder attention",
+        "key: source token (encoder output)",
+        "query: target token predicted there",
+        "Queries from the decoder, keys and values from the encoder; row t is where the model looked "
+        "to write target token t.",
+        "cross_attention",
+    ),
+}
+
+
 def plot_attention_grid(
     attentions: np.ndarray,
     source_tokens: Sequence[str],
     target_tokens: Sequence[str],
     path: str | Path,
-    title: str = "Encoder-decoder attention",
+    title: str = ATTENTION_KINDS["cross"].title,
     dpi: int = 100,
+    xlabel: str = ATTENTION_KINDS["cross"].keys,
+    ylabel: str = ATTENTION_KINDS["cross"].queries,
+    caption: str = ATTENTION_KINDS["cross"].caption,
 ) -> Path:
     """Draw one heatmap per (layer, head) and a last column with the mean over the heads.
 
     Args:
-        attentions: weights of shape (layers, heads, target_len, source_len); each row sums to 1.
-        source_tokens: x-axis labels (keys: encoder positions).
-        target_tokens: y-axis labels (queries: decoder positions, labelled by the token predicted there).
+        attentions: weights of shape (layers, heads, queries, keys); each row sums to 1.
+        source_tokens: x-axis labels (keys; for cross-attention the encoder positions).
+        target_tokens: y-axis labels (queries; for cross-attention the decoder positions, labelled by
+            the token predicted there).
         path: PNG file to write.
+        xlabel, ylabel: the axis titles (of the bottom row and the first column).
+        caption: a line under the pictures saying how to read them.
     """
     attentions = np.asarray(attentions, dtype=np.float32)
     _check_attention(attentions, source_tokens, target_tokens)
     n_layers, n_heads, tgt_len, src_len = attentions.shape
     cell_w = max(2.0, 0.22 * src_len + 0.8)
     cell_h = max(2.0, 0.22 * tgt_len + 0.8)
-    fig = Figure(figsize=(cell_w * (n_heads + 1), cell_h * n_layers), layout="constrained")
+    fig = Figure(figsize=(cell_w * (n_heads + 1), cell_h * n_layers + 0.4), layout="constrained")
     axes = fig.subplots(n_layers, n_heads + 1, squeeze=False)
     image = None
     for layer in range(n_layers):
@@ -229,7 +286,12 @@ def plot_attention_grid(
                 weights, label = attentions[layer].mean(axis=0), f"layer {layer + 1}, mean of heads"
             image = _heatmap(ax, weights, source_tokens, target_tokens)
             ax.set_title(label, fontsize=8)
+            if layer == n_layers - 1:
+                ax.set_xlabel(xlabel, fontsize=7)
+            if head == 0:
+                ax.set_ylabel(ylabel, fontsize=7)
     fig.suptitle(title)
+    fig.supxlabel(caption, fontsize=8)
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
     return _save(fig, path, dpi)
 
@@ -278,6 +340,28 @@ def _eval_mode(model: Any) -> Iterator[None]:
         model.train(was_training)
 
 
+def _translation_ids(model: Any, tokenizer: Any, source: str, **generate_kwargs: Any) -> torch.Tensor:
+    """The model's own translation of ``source`` as target ids (beam search with the paper's §6.1
+    settings, overridable by ``generate_kwargs``), without the decoder start token and padding."""
+    device = next(model.parameters()).device
+    encoded = tokenizer(source, return_tensors="pt").to(device)
+    check_input_length(model, tokenizer, encoded["input_ids"].shape[1], where="--sentence")
+    kwargs = {**paper_generation_kwargs(), **generate_kwargs}
+    with _eval_mode(model), torch.no_grad():
+        generated = model.generate(**encoded, **kwargs)[0]
+    target_ids = generated[1:] if int(generated[0]) == model.config.decoder_start_token_id else generated
+    return target_ids[target_ids != model.config.pad_token_id]
+
+
+def _target_ids(
+    model: Any, tokenizer: Any, source: str, target: str | None, **generate_kwargs: Any
+) -> torch.Tensor:
+    if target is None:
+        return _translation_ids(model, tokenizer, source, **generate_kwargs)
+    device = next(model.parameters()).device
+    return tokenizer(text_target=target, return_tensors="pt")["input_ids"][0].to(device)
+
+
 def cross_attention_for_pair(
     model: Any,
     tokenizer: Any,
@@ -297,28 +381,35 @@ def cross_attention_for_pair(
         (layers, heads, target_len, source_len). Row *t* is the decoder position that predicts
         target token *t* (its input is the previous token, starting from the decoder start token).
     """
-    device = next(model.parameters()).device
-    encoded = tokenizer(source, return_tensors="pt").to(device)
-    check_input_length(model, tokenizer, encoded["input_ids"].shape[1], where="--sentence")
-    start = model.config.decoder_start_token_id
-    if target is None:
-        kwargs = {**paper_generation_kwargs(), **generate_kwargs}
-        with _eval_mode(model), torch.no_grad():
-            generated = model.generate(**encoded, **kwargs)[0]
-        target_ids = generated[1:] if int(generated[0]) == start else generated
-        target_ids = target_ids[target_ids != model.config.pad_token_id]
-    else:
-        target_ids = tokenizer(text_target=target, return_tensors="pt")["input_ids"][0].to(device)
-    return cross_attention(model, tokenizer, source, target_ids)
+    return cross_attention(
+        model, tokenizer, source, _target_ids(model, tokenizer, source, target, **generate_kwargs)
+    )
 
 
-def cross_attention(
+@dataclass(frozen=True)
+class AttentionMaps:
+    """The attention weights of one sentence pair, as (layers, heads, queries, keys) arrays.
+
+    ``source_tokens`` label the encoder positions, ``decoder_input_tokens`` the decoder's inputs (the
+    start token, then the target shifted right) and ``target_tokens`` the tokens predicted at each decoder
+    position.
+    """
+
+    encoder: np.ndarray  # (layers, heads, source_len, source_len)
+    decoder: np.ndarray  # (layers, heads, target_len, target_len), zero above the diagonal
+    cross: np.ndarray  # (layers, heads, target_len, source_len)
+    source_tokens: list[str]
+    decoder_input_tokens: list[str]
+    target_tokens: list[str]
+
+
+def attention_maps(
     model: Any, tokenizer: Any, source: str, target_ids: torch.Tensor | Sequence[int]
-) -> tuple[np.ndarray, list[str], list[str]]:
-    """The cross-attention weights of ``source`` → ``target_ids`` (a target as token ids, without the
-    decoder start token, e.g. a translation ``generate()`` made) and the readable labels of both
-    sides; see :func:`cross_attention_for_pair` for the shapes. A source longer than the
-    model's longest input (:func:`hf_vanilla.inference.translation.check_input_length`, as for translation) raises
+) -> AttentionMaps:
+    """The weights of all three attentions of ``source`` → ``target_ids`` (a target as token ids, without
+    the decoder start token), computed with teacher forcing: the decoder reads the start token and the
+    target shifted right, as in training. A source longer than the model's longest input
+    (:func:`hf_vanilla.inference.translation.check_input_length`, as for translation) raises
     :class:`hf_vanilla.inference.translation.InputTooLongError`."""
     device = next(model.parameters()).device
     encoded = tokenizer(source, return_tensors="pt").to(device)
@@ -330,37 +421,234 @@ def cross_attention(
         outputs = model(**encoded, decoder_input_ids=decoder_input_ids, output_attentions=True)
     if not outputs.cross_attentions or outputs.cross_attentions[0] is None:
         raise RuntimeError(
-            f"{type(model).__name__} returned no cross-attention weights for output_attentions=True; load it "
+            f"{type(model).__name__} returned no attention weights for output_attentions=True; load it "
             "with attn_implementation='eager' (from_pretrained(..., attn_implementation='eager'))."
         )
-    attentions = torch.stack([layer[0] for layer in outputs.cross_attentions]).float().cpu().numpy()
-    source_tokens = token_labels(tokenizer, encoded["input_ids"][0].tolist())
-    target_tokens = token_labels(tokenizer, target_ids.tolist())
-    return attentions, source_tokens, target_tokens
+
+    def stacked(layers: Sequence[torch.Tensor]) -> np.ndarray:
+        return torch.stack([layer[0] for layer in layers]).float().cpu().numpy()
+
+    return AttentionMaps(
+        encoder=stacked(outputs.encoder_attentions),
+        decoder=stacked(outputs.decoder_attentions),
+        cross=stacked(outputs.cross_attentions),
+        source_tokens=token_labels(tokenizer, encoded["input_ids"][0].tolist()),
+        decoder_input_tokens=token_labels(tokenizer, decoder_input_ids[0].tolist()),
+        target_tokens=token_labels(tokenizer, target_ids.tolist()),
+    )
 
 
-def plot_cross_attention(
+def cross_attention(
+    model: Any, tokenizer: Any, source: str, target_ids: torch.Tensor | Sequence[int]
+) -> tuple[np.ndarray, list[str], list[str]]:
+    """The cross-attention weights of ``source`` → ``target_ids`` and the readable labels of both sides
+    (:func:`attention_maps`' ``cross``, ``source_tokens`` and ``target_tokens``); see
+    :func:`cross_attention_for_pair` for the shapes."""
+    maps = attention_maps(model, tokenizer, source, target_ids)
+    return maps.cross, maps.source_tokens, maps.target_tokens
+
+
+def plot_attention(
     model: Any,
     tokenizer: Any,
     source: str,
     output_dir: str | Path,
     target: str | None = None,
-    prefix: str = "cross_attention",
     dpi: int = 100,
-) -> tuple[Path, Path]:
-    """Write ``<prefix>_grid.png`` (layers × heads) and ``<prefix>_mean.png`` for one sentence.
-
-    See :func:`cross_attention_for_pair` for how the target side is chosen.
-    """
-    attentions, source_tokens, target_tokens = cross_attention_for_pair(model, tokenizer, source, target)
+) -> list[Path]:
+    """Write the three attentions of one sentence pair, one grid (layers × heads) each:
+    ``encoder_self_attention_grid.png``, ``decoder_self_attention_grid.png``,
+    ``cross_attention_grid.png``, and ``cross_attention_mean.png`` (the cross-attention averaged over
+    layers and heads). See :func:`cross_attention_for_pair` for how the target side is chosen."""
+    maps = attention_maps(model, tokenizer, source, _target_ids(model, tokenizer, source, target))
     output_dir = Path(output_dir)
-    grid = plot_attention_grid(
-        attentions, source_tokens, target_tokens, output_dir / f"{prefix}_grid.png", dpi=dpi
+    axes = {
+        "encoder": (maps.source_tokens, maps.source_tokens),
+        "decoder": (maps.decoder_input_tokens, maps.decoder_input_tokens),
+        "cross": (maps.source_tokens, maps.target_tokens),
+    }
+    written = []
+    for name, kind in ATTENTION_KINDS.items():
+        keys, queries = axes[name]
+        written.append(
+            plot_attention_grid(
+                getattr(maps, name),
+                keys,
+                queries,
+                output_dir / f"{kind.file_prefix}_grid.png",
+                title=kind.title,
+                dpi=dpi,
+                xlabel=kind.keys,
+                ylabel=kind.queries,
+                caption=kind.caption,
+            )
+        )
+    written.append(
+        plot_attention_mean(
+            maps.cross,
+            maps.source_tokens,
+            maps.target_tokens,
+            output_dir / "cross_attention_mean.png",
+            dpi=dpi,
+        )
     )
-    mean = plot_attention_mean(
-        attentions, source_tokens, target_tokens, output_dir / f"{prefix}_mean.png", dpi=dpi
+    return written
+
+
+# --------------------------------------------------------------------------------------------------
+# Masks (§3.2.3): padding keys are hidden from every attention, later positions from the decoder's
+# --------------------------------------------------------------------------------------------------
+
+
+def _may_attend(mask: torch.Tensor | None, shape: tuple[int, int, int]) -> np.ndarray:
+    """A mask as an attention kernel receives it → booleans (batch, queries, keys), True = may attend.
+    None attends everywhere; a boolean mask is True where attending; an additive one is 0 there."""
+    if mask is None:
+        return np.ones(shape, dtype=bool)
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    return allowed.expand(shape[0], 1, shape[1], shape[2])[:, 0].cpu().numpy()
+
+
+def attention_masks(model: Any, tokenizer: Any, pairs: Sequence[tuple[str, str | None]]) -> dict[str, Any]:
+    """The masks each attention of the first layers receives for a padded batch of (source, target)
+    pairs, as the model builds them: booleans (batch, queries, keys), True = this query may read this key.
+    A target None is the model's own translation.
+
+    The decoder is given its padding (``decoder_attention_mask``), so its mask is the causal mask and
+    the padding mask combined. Returns ``{"encoder", "decoder", "cross"}`` masks and
+    ``{"source_tokens", "decoder_input_tokens"}``: one list of labels per row, ``<pad>`` included.
+    """
+    device = next(model.parameters()).device
+    encoded = tokenizer([source for source, _ in pairs], padding=True, return_tensors="pt").to(device)
+    check_input_length(model, tokenizer, encoded["input_ids"].shape[1], where="--sentence")
+    pad, start = model.config.pad_token_id, model.config.decoder_start_token_id
+    labels = torch.nn.utils.rnn.pad_sequence(
+        [_target_ids(model, tokenizer, source, target) for source, target in pairs],
+        batch_first=True,
+        padding_value=pad,
     )
-    return grid, mean
+    decoder_input_ids = torch.cat([torch.full_like(labels[:, :1], start), labels[:, :-1]], dim=1)
+    decoder_attention_mask = torch.cat([torch.ones_like(labels[:, :1]), labels[:, :-1] != pad], dim=1).long()
+    encoder_layer, decoder_layer = model.get_encoder().layers[0], model.get_decoder().layers[0]
+    modules = {
+        "encoder": encoder_layer.self_attn,
+        "decoder": decoder_layer.self_attn,
+        "cross": decoder_layer.encoder_attn,
+    }
+    received: dict[str, torch.Tensor | None] = {}
+
+    def recorder(name: str) -> Any:
+        def record(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
+            received.setdefault(name, kwargs.get("attention_mask"))
+
+        return record
+
+    hooks = [
+        module.register_forward_pre_hook(recorder(name), with_kwargs=True) for name, module in modules.items()
+    ]
+    try:
+        with _eval_mode(model), torch.no_grad():
+            model(
+                **encoded,
+                decoder_input_ids=decoder_input_ids,
+                decoder_attention_mask=decoder_attention_mask,
+                output_attentions=True,
+            )
+    finally:
+        for hook in hooks:
+            hook.remove()
+    batch, source_len = encoded["input_ids"].shape
+    target_len = decoder_input_ids.shape[1]
+    shapes = {
+        "encoder": (batch, source_len, source_len),
+        "decoder": (batch, target_len, target_len),
+        "cross": (batch, target_len, source_len),
+    }
+    masks: dict[str, Any] = {name: _may_attend(received.get(name), shape) for name, shape in shapes.items()}
+    masks["source_tokens"] = [token_labels(tokenizer, row.tolist()) for row in encoded["input_ids"]]
+    masks["decoder_input_tokens"] = [token_labels(tokenizer, row.tolist()) for row in decoder_input_ids]
+    return masks
+
+
+def plot_attention_masks(
+    model: Any, tokenizer: Any, pairs: Sequence[tuple[str, str | None]], path: str | Path, dpi: int = 100
+) -> Path:
+    """Draw :func:`attention_masks` for a batch of (source, target) pairs: one row per pair, one column
+    per attention; light = the query may read the key, dark = masked."""
+    masks = attention_masks(model, tokenizer, pairs)
+    rows = len(pairs)
+    source_len, target_len = len(masks["source_tokens"][0]), len(masks["decoder_input_tokens"][0])
+    fig = Figure(
+        figsize=(3 * (0.18 * source_len + 1.2) + 0.18 * target_len, rows * (0.18 * target_len + 1.6) + 0.5),
+        layout="constrained",
+    )
+    axes = fig.subplots(rows, 3, squeeze=False, width_ratios=[source_len, target_len, source_len])
+    titles = {
+        "encoder": "encoder self: padding mask",
+        "decoder": "decoder self: causal ∧ padding",
+        "cross": "encoder-decoder: padding mask",
+    }
+    for row in range(rows):
+        source, decoder_input = masks["source_tokens"][row], masks["decoder_input_tokens"][row]
+        for ax, (name, (keys, queries)) in zip(
+            axes[row],
+            {
+                "encoder": (source, source),
+                "decoder": (decoder_input, decoder_input),
+                "cross": (source, decoder_input),
+            }.items(),
+            strict=True,
+        ):
+            ax.imshow(
+                masks[name][row], cmap="Greys_r", vmin=-0.3, vmax=1, aspect="equal", interpolation="nearest"
+            )
+            ax.set_xticks(range(len(keys)))
+            ax.set_xticklabels(keys, rotation=90, fontsize=6)
+            ax.set_yticks(range(len(queries)))
+            ax.set_yticklabels(queries, fontsize=6)
+            ax.set_title(f"row {row + 1}, {titles[name]}", fontsize=7)
+            if row == rows - 1:
+                ax.set_xlabel("key", fontsize=7)
+            if name == "encoder":
+                ax.set_ylabel("query", fontsize=7)
+    fig.suptitle("Attention masks of a padded batch (light: may attend, dark: masked)", fontsize=9)
+    return _save(fig, path, dpi)
+
+
+# --------------------------------------------------------------------------------------------------
+# How different the heads are
+# --------------------------------------------------------------------------------------------------
+
+
+def head_distances(
+    model: Any, tokenizer: Any, pairs: Sequence[tuple[str, str | None]]
+) -> dict[str, np.ndarray]:
+    """How different the heads of each layer attend, averaged over (source, target) pairs (a target None
+    is the model's own translation).
+
+    For two heads, the distance is the total-variation distance of their attention rows (half the sum
+    of absolute differences: 0 = the same weights, 1 = no key in common), averaged over the query
+    positions; a layer's number is the mean over all pairs of its heads. Returns one (layers,) array per
+    attention, ``{"encoder", "decoder", "cross"}``.
+    """
+    totals: dict[str, np.ndarray] = {}
+    for source, target in pairs:
+        maps = attention_maps(model, tokenizer, source, _target_ids(model, tokenizer, source, target))
+        for name in ATTENTION_KINDS:
+            weights = getattr(maps, name)  # (layers, heads, queries, keys)
+            heads = weights.shape[1]
+            if heads < 2:
+                raise ValueError(
+                    f"The model has {heads} head per layer: there is no pair of heads to compare."
+                )
+            first, second = np.triu_indices(heads, k=1)
+            distance = 0.5 * np.abs(weights[:, first] - weights[:, second]).sum(
+                -1
+            )  # (layers, pairs, queries)
+            totals[name] = totals.get(name, 0) + distance.mean(axis=(1, 2))
+    if not totals:
+        raise ValueError("Give at least one (source, target) pair to compare the heads on.")
+    return {name: total / len(pairs) for name, total in totals.items()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -375,12 +663,14 @@ def plot_positional_encoding(
     encoding: np.ndarray | None = None,
     dpi: int = 100,
 ) -> Path:
-    """Draw the positional-encoding matrix (positions on the y axis, dimensions on the x axis).
+    """Draw the positional-encoding matrix (positions on the y axis, dimensions on the x axis, ticked
+    by the paper's pair index i) and, beside it, the sine and cosine of one frequency as smooth curves
+    with the integer positions marked.
 
     Args:
-        encoding: a (positions, d_model) matrix to draw; by default the model's own §3.5 encoding
-            (``sinusoidal_position_encoding``: sin on even, cos on odd dimensions) for
-            ``num_positions`` × ``d_model``.
+        encoding: a (positions, d_model) matrix to draw in the paper's layout (sin in column 2i, cos in
+            column 2i + 1); by default the model's own §3.5 encoding (``sinusoidal_position_encoding``)
+            for ``num_positions`` × ``d_model``.
     """
     if encoding is None:
         if num_positions <= 0 or d_model <= 0 or d_model % 2:
@@ -395,22 +685,34 @@ def plot_positional_encoding(
             )
         encoding = sinusoidal_position_encoding(torch.arange(num_positions), d_model).numpy()
     encoding = np.asarray(encoding, dtype=np.float32)
-    if encoding.ndim != 2:
-        raise ValueError(f"`encoding` must be a (positions, d_model) matrix, got shape {encoding.shape}.")
+    if encoding.ndim != 2 or encoding.shape[1] % 2:
+        raise ValueError(
+            f"`encoding` must be a (positions, d_model) matrix with even d_model, got shape {encoding.shape}."
+        )
     n_pos, dim = encoding.shape
     fig = Figure(figsize=(10, 5), layout="constrained")
     ax_map, ax_curves = fig.subplots(1, 2, width_ratios=[3, 2])
     image = ax_map.imshow(encoding, cmap="RdBu", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
-    ax_map.set_xlabel("dimension i")
+    pairs = dim // 2
+    ticks = sorted({0, *range(0, pairs, max(1, pairs // 8)), pairs - 1})
+    ax_map.set_xticks([2 * i + 0.5 for i in ticks])
+    ax_map.set_xticklabels([str(i) for i in ticks])
+    ax_map.set_xlabel("pair index i (column 2i: sin, column 2i + 1: cos)")
     ax_map.set_ylabel("position pos")
-    ax_map.set_title(f"Sinusoidal positional encoding (§3.5), {n_pos} × {dim}")
+    ax_map.set_title(f"Sinusoidal positional encoding (§3.5), {n_pos} positions × d_model {dim}")
     fig.colorbar(image, ax=ax_map)
-    # even (sine) dimensions at falling frequencies: wavelengths grow geometrically from 2π (§3.5)
-    for column in sorted({0, 2 * (dim // 16), 2 * (dim // 8), 2 * (dim // 4)}):
-        ax_curves.plot(np.arange(n_pos), encoding[:, column], label=f"dimension {column}")
-    ax_curves.set_xlabel("position pos")
-    ax_curves.set_title("A few sine dimensions")
-    ax_curves.legend(fontsize=7)
+    # one frequency whose wavelength is about a third of the positions drawn, so that it is seen to turn
+    wavelengths = 2 * np.pi * 10000.0 ** (2 * np.arange(pairs) / dim)
+    pair = int(np.argmin(np.abs(wavelengths - n_pos / 3)))
+    smooth = np.linspace(0, n_pos - 1, 20 * n_pos)
+    angle = 1.0 / 10000.0 ** (2 * pair / dim)
+    ax_curves.plot(smooth, np.sin(smooth * angle), color="tab:blue", label=f"sin, column {2 * pair}")
+    ax_curves.plot(smooth, np.cos(smooth * angle), color="tab:orange", label=f"cos, column {2 * pair + 1}")
+    ax_curves.plot(np.arange(n_pos), encoding[:, 2 * pair], "o", color="tab:blue", markersize=2)
+    ax_curves.plot(np.arange(n_pos), encoding[:, 2 * pair + 1], "o", color="tab:orange", markersize=2)
+    ax_curves.set_xlabel("position pos (dots: integer positions)")
+    ax_curves.set_title(f"Pair index i = {pair}: wavelength {wavelengths[pair]:.1f} positions", fontsize=10)
+    ax_curves.legend(fontsize=7, loc="lower left")
     return _save(fig, path, dpi)
 
 
@@ -462,22 +764,43 @@ def _series(history: Sequence[dict[str, Any]], key: str) -> tuple[list[float], l
     return [float(row["step"]) for row in rows], [float(row[key]) for row in rows]
 
 
+def label_smoothing_floor(smoothing: float, vocab_size: int) -> float:
+    """The lowest label-smoothed loss per token (§5.4, as ``smoothed_cross_entropy_sum`` spreads ε/V over
+    the whole vocabulary): the entropy of the smoothed target q, with q = 1 − ε + ε/V on the reference
+    token and ε/V on each other token. A model that is always right still pays it."""
+    if not 0 <= smoothing < 1 or vocab_size < 2:
+        raise ValueError(
+            f"--label_smoothing {smoothing} with a vocabulary of {vocab_size}: give a label smoothing from 0 up "
+            "to, not including, 1 (the paper's is 0.1) and a vocabulary of at least 2 tokens."
+        )
+    if smoothing == 0:
+        return 0.0
+    right, other = 1 - smoothing + smoothing / vocab_size, smoothing / vocab_size
+    return float(-right * np.log(right) - (vocab_size - 1) * other * np.log(other))
+
+
 def plot_training_curves(
     run: str | Path | Sequence[dict[str, Any]],
     path: str | Path,
     bleu_key: str = "eval_bleu",
     dpi: int = 100,
+    bleu_name: str = "BLEU",
+    loss_floor: float | None = None,
 ) -> Path:
     """Plot against the step: the label-smoothed training and validation loss with the unsmoothed
     validation NLL per target token (``eval_nll_loss``), the validation perplexity exp(NLL)
-    (``eval_ppl``), validation BLEU and the learning rate.
+    (``eval_ppl``), validation BLEU on its whole 0–100 scale and the learning rate.
 
     Args:
         run: a Trainer output folder / ``trainer_state.json`` (see :func:`load_log_history`) or a
             ``log_history`` list itself.
         bleu_key: the logged key holding validation BLEU.
+        bleu_name: what that BLEU is, for the panel's title (e.g. "character BLEU").
+        loss_floor: the label-smoothing floor of the loss (:func:`label_smoothing_floor`), drawn as a line.
     """
     history = load_log_history(run) if isinstance(run, (str, Path)) else list(run)
+    _, rates = _series(history, "learning_rate")
+    schedule = "linear warmup, then ∝ 1/√step (Eq. 3's shape)"
     panels = {
         "loss per target token": [
             ("training loss (smoothed)", *_series(history, "loss")),
@@ -485,8 +808,10 @@ def plot_training_curves(
             ("validation NLL", *_series(history, "eval_nll_loss")),
         ],
         "validation perplexity": [("exp(NLL)", *_series(history, "eval_ppl"))],
-        "validation BLEU": [("BLEU", *_series(history, bleu_key))],
-        "learning rate (§5.3, Eq. 3)": [("learning rate", *_series(history, "learning_rate"))],
+        f"validation {bleu_name} (0–100)": [(bleu_name, *_series(history, bleu_key))],
+        f"learning rate, peak {max(rates):.3g}" if rates else "learning rate": [
+            (schedule, *_series(history, "learning_rate"))
+        ],
     }
     if not any(steps for series in panels.values() for _, steps, _ in series):
         raise ValueError(
@@ -501,6 +826,16 @@ def plot_training_curves(
             if steps:
                 ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
                 drawn = True
+        if title.startswith("loss") and loss_floor is not None:
+            ax.axhline(
+                loss_floor, color="grey", linestyle="--", label=f"label-smoothing floor {loss_floor:.3f}"
+            )
+            drawn = True
+        if title == "validation perplexity" and drawn:
+            # from its least possible value, 1, and at least to 2: a small range is not magnified
+            ax.set_ylim(1.0, max(2.0, ax.get_ylim()[1]))
+        if title.startswith(f"validation {bleu_name}"):
+            ax.set_ylim(0, 102)  # the whole scale: a tiny range is not magnified
         if drawn:
             ax.legend(fontsize=8)
         else:

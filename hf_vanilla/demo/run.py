@@ -19,7 +19,8 @@ Written to ``--output_dir``: the model (``model.safetensors``, ``config.json``,
 hf_vanilla is not installed), the tokenizer, a model card (``README.md``), ``demo_results.json``,
 ``training_record.json`` (title, data and a few of the trained numbers, which the web page and
 ``hf-vanilla-publish`` show), ``test_translations.tsv`` and the pictures ``training_curves.png``, ``positional_encoding.png``,
-``cross_attention_grid.png`` and ``cross_attention_mean.png``.
+``encoder_self_attention_grid.png``, ``decoder_self_attention_grid.png``, ``cross_attention_grid.png``,
+``cross_attention_mean.png`` and ``attention_masks.png``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,14 @@ import transformers
 from transformers import DataCollatorForSeq2Seq
 
 from hf_vanilla.analysis.evaluation import compute_bleu_chrf, evaluate_dataset
-from hf_vanilla.analysis.plotting import plot_cross_attention, plot_positional_encoding, plot_training_curves
+from hf_vanilla.analysis.plotting import (
+    head_distances,
+    label_smoothing_floor,
+    plot_attention,
+    plot_attention_masks,
+    plot_positional_encoding,
+    plot_training_curves,
+)
 from hf_vanilla.data.loading import translation_features
 from hf_vanilla.data.numbers import make_demo_splits, make_number_pairs
 from hf_vanilla.data.tokenization import (
@@ -166,6 +174,22 @@ def _write_translations(path: Path, pairs: list[dict[str, str]], hypotheses: lis
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+#: Held-out pairs on which the demo measures how different the attention heads are.
+HEAD_PAIRS = 20
+
+
+def _head_distances(
+    model: Any, tokenizer: Any, pairs: list[tuple[str, str]]
+) -> dict[str, list[float]] | None:
+    """:func:`hf_vanilla.analysis.plotting.head_distances` per attention, rounded (None with one head)."""
+    if model.config.encoder_attention_heads < 2 or model.config.decoder_attention_heads < 2:
+        return None
+    return {
+        name: [round(float(d), 3) for d in layers]
+        for name, layers in head_distances(model, tokenizer, pairs).items()
+    }
+
+
 def run_demo(args: DemoArguments) -> dict[str, Any]:
     """Train, evaluate, write the model folder and pictures; return the results (also in
     ``demo_results.json``). An existing ``--output_dir`` is refused unless ``--overwrite``; the folder
@@ -204,6 +228,8 @@ def _run_demo(args: DemoArguments, output_dir: Path) -> dict[str, Any]:
         model.num_parameters() / 1e6,
     )
     tokenized = tokenize_translations(data, tokenizer, "en", "de")
+    held_out = [(pair["en"], pair["de"]) for pair in data["test"]["translation"][:HEAD_PAIRS]]
+    heads_at_start = _head_distances(model, tokenizer, held_out)
 
     trainer = PaperSeq2SeqTrainer(
         model=model,
@@ -242,10 +268,21 @@ def _run_demo(args: DemoArguments, output_dir: Path) -> dict[str, Any]:
     reordered = next((p for p in pairs if "-" in p["en"]), pairs[0])
 
     plot_training_curves(
-        trainer.state.log_history, output_dir / "training_curves.png"
-    )  # eval_bleu: char BLEU
+        trainer.state.log_history,
+        output_dir / "training_curves.png",
+        bleu_name="character BLEU",
+        loss_floor=label_smoothing_floor(args.label_smoothing, model.config.vocab_size),
+    )
     plot_positional_encoding(output_dir / "positional_encoding.png", num_positions=50, d_model=args.d_model)
-    plot_cross_attention(model, tokenizer, reordered["en"], output_dir, prefix="cross_attention")
+    plot_attention(model, tokenizer, reordered["en"], output_dir)
+    # a padded batch: the shorter pair's row shows the padding mask
+    shorter = min(pairs, key=lambda pair: len(pair["en"]))
+    plot_attention_masks(
+        model,
+        tokenizer,
+        [(reordered["en"], reordered["de"]), (shorter["en"], shorter["de"])],
+        output_dir / "attention_masks.png",
+    )
 
     results = {
         # what hf-vanilla-evaluate's results name, so that hf-vanilla-publish takes this file
@@ -272,6 +309,13 @@ def _run_demo(args: DemoArguments, output_dir: Path) -> dict[str, Any]:
             (e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None
         ),
         "samples": sample_rows,
+        # how different the heads attend (0 = alike, 1 = no key in common), per attention and layer
+        "head_distances": heads_at_start
+        and {
+            "pairs": len(held_out),
+            "initialisation": heads_at_start,
+            "trained": _head_distances(model, tokenizer, held_out),
+        },
         "settings": asdict(args),
     }
     title = "hf_vanilla demo: a small Transformer for English → German numbers"
@@ -330,8 +374,19 @@ def report(results: dict[str, Any], output_dir: str) -> str:
         f"  decoding     {results['decoding']['description']}",
         f"Training: {results['steps']} steps in {results['train_seconds']:.0f} s; total {results['total_seconds']:.0f} s "
         f"on {_threads(results['threads'])}",
-        "Sample translations of held-out numbers:",
     ]
+    heads = results.get("head_distances")
+    if heads:
+        lines.append(
+            f"How different the attention heads are on {heads['pairs']} held-out numbers (0 = alike, 1 = no key in "
+            "common), per layer, initialisation → trained:"
+        )
+        for name, start in heads["initialisation"].items():
+            pairs = ", ".join(
+                f"{a:.2f} → {b:.2f}" for a, b in zip(start, heads["trained"][name], strict=True)
+            )
+            lines.append(f"  {name:<8} {pairs}")
+    lines.append("Sample translations of held-out numbers:")
     for row in results["samples"]:
         mark = "✓" if row["translation"] == row["reference"] else "✗"
         lines.append(f"  {mark} {row['source']!r} → {row['translation']!r}")

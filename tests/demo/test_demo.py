@@ -30,6 +30,9 @@ FILES = (
     "positional_encoding.png",
     "cross_attention_grid.png",
     "cross_attention_mean.png",
+    "encoder_self_attention_grid.png",
+    "decoder_self_attention_grid.png",
+    "attention_masks.png",
 )
 
 
@@ -68,6 +71,9 @@ def test_quick_demo_writes_everything_and_reports(tmp_path: Path) -> None:
     assert results["steps"] == 6
     assert 0.0 <= results["exact_match"] <= 1.0 and results["num_test"] == 40
     assert results["decoding"]["num_beams"] == 4
+    heads = results["head_distances"]  # how different the heads are, before and after training
+    assert set(heads["initialisation"]) == set(heads["trained"]) == {"encoder", "decoder", "cross"}
+    assert "How different the attention heads are" in result.stdout
     lines = (out / "test_translations.tsv").read_text().splitlines()
     assert len(lines) == 1 + results["num_test"]
     # The folder loads where hf_vanilla is not installed, and its card's examples run as written.
@@ -114,3 +120,17 @@ def test_readme_demo_reaches_99_percent_exact_match(tmp_path: Path) -> None:
     assert results["num_test"] >= 500
     assert results["exact_match"] >= 0.99, results
     assert results["bleu"] > 95 and results["chrf"] > 95  # BLEU over characters (see demo.py)
+
+
+def test_the_head_measure_needs_two_heads(tokenizer) -> None:
+    from helpers import tiny_model
+
+    from hf_vanilla.demo.run import _head_distances
+
+    pairs = [("w1 w2", "w3")]
+    assert (
+        _head_distances(tiny_model(encoder_attention_heads=1, decoder_attention_heads=1), tokenizer, pairs)
+        is None
+    )
+    distances = _head_distances(tiny_model(), tokenizer, pairs)
+    assert set(distances) == {"encoder", "decoder", "cross"} and all(len(v) == 2 for v in distances.values())
