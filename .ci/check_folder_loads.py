@@ -11,8 +11,6 @@ stderr names the release, and the exit status is 1.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import traceback
@@ -51,12 +49,12 @@ def save_folder(folder: Path) -> list:
 
 
 def main() -> int:
+    from helpers import run_clean  # imports hf_vanilla
+
     release = transformers.__version__
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "folder"
         try:
-            from helpers import BLOCK_HF_VANILLA  # imports hf_vanilla
-
             expected = save_folder(folder)
         except Exception as error:
             traceback.print_exc()
@@ -65,22 +63,13 @@ def main() -> int:
                 file=sys.stderr,
             )
             return 1
-        env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-        env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(Path(tmp) / "modules"), OMP_NUM_THREADS="1")
-        result = subprocess.run(
-            [sys.executable, "-c", BLOCK_HF_VANILLA + LOAD, str(folder), json.dumps(SENTENCES)],
-            cwd=tmp,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    if result.returncode != 0:
-        sys.stderr.write(result.stderr[-3000:])
-        last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no output"
-        print(f"error: a model folder does not load on transformers {release}: {last}", file=sys.stderr)
-        return 1
+        try:  # tests/helpers.py's fresh interpreter without hf_vanilla; it fails with the process's stderr
+            result = run_clean(LOAD, Path(tmp), str(folder), json.dumps(SENTENCES))
+        except AssertionError as error:
+            sys.stderr.write(f"{error}\n")
+            last = str(error).strip().splitlines()[-1] if str(error).strip() else "no output"
+            print(f"error: a model folder does not load on transformers {release}: {last}", file=sys.stderr)
+            return 1
     remote = json.loads(result.stdout.strip().splitlines()[-1])
     if not remote["module"].startswith("transformers_modules.") or remote["ids"] != expected:
         print(
