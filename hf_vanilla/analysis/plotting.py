@@ -58,6 +58,7 @@ __all__ = [
     "plot_attention_grid",
     "plot_attention_masks",
     "plot_attention_mean",
+    "plot_head_distances",
     "plot_positional_encoding",
     "plot_training_curves",
     "token_labels",
@@ -649,6 +650,40 @@ def head_distances(
     if not totals:
         raise ValueError("Give at least one (source, target) pair to compare the heads on.")
     return {name: total / len(pairs) for name, total in totals.items()}
+
+
+#: How :func:`plot_head_distances` names each attention.
+_ATTENTION_TITLES = {
+    "encoder": "encoder self-attention",
+    "decoder": "decoder masked self-attention",
+    "cross": "encoder-decoder attention",
+}
+
+
+def plot_head_distances(
+    path: str | Path,
+    initialisation: dict[str, Sequence[float]],
+    trained: dict[str, Sequence[float]],
+    dpi: int = 72,
+) -> Path:
+    """Draw :func:`head_distances` before and after training: one panel per attention, a pair of bars per
+    layer (freshly initialised, trained) on the measure's whole scale, 0 (alike) to 1 (no key in common)."""
+    names = [name for name in ATTENTION_KINDS if name in initialisation]
+    fig = Figure(figsize=(3.2 * len(names), 3.0), layout="constrained")
+    axes = fig.subplots(1, len(names), sharey=True, squeeze=False)[0]
+    for ax, name in zip(axes, names, strict=True):
+        layers = np.arange(1, len(initialisation[name]) + 1)
+        ax.bar(layers - 0.2, initialisation[name], width=0.4, label="freshly initialised", color="#bbbbbb")
+        ax.bar(layers + 0.2, trained[name], width=0.4, label="trained", color="#1f77b4")
+        ax.set_title(_ATTENTION_TITLES.get(name, name), fontsize=9)
+        ax.set_xticks(layers)
+        ax.set_xlabel("layer")
+        ax.set_ylim(0, 1)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("distance between heads\n(0 = alike, 1 = no key in common)")
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle("How differently the heads of a layer attend", fontsize=10)
+    return _save(fig, path, dpi)
 
 
 # --------------------------------------------------------------------------------------------------

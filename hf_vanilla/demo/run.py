@@ -20,7 +20,7 @@ hf_vanilla is not installed), the tokenizer, a model card (``README.md``), ``dem
 ``training_record.json`` (title, data and a few of the trained numbers, which the web page and
 ``hf-vanilla-publish`` show), ``test_translations.tsv`` and the pictures ``training_curves.png``, ``positional_encoding.png``,
 ``encoder_self_attention_grid.png``, ``decoder_self_attention_grid.png``, ``cross_attention_grid.png``,
-``cross_attention_mean.png`` and ``attention_masks.png``.
+``cross_attention_mean.png``, ``attention_masks.png`` and ``head_distances.png``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from hf_vanilla.analysis.plotting import (
     label_smoothing_floor,
     plot_attention,
     plot_attention_masks,
+    plot_head_distances,
     plot_positional_encoding,
     plot_training_curves,
 )
@@ -284,6 +285,10 @@ def _run_demo(args: DemoArguments, output_dir: Path) -> dict[str, Any]:
         output_dir / "attention_masks.png",
     )
 
+    heads_trained = heads_at_start and _head_distances(model, tokenizer, held_out)
+    if heads_at_start:
+        plot_head_distances(output_dir / "head_distances.png", heads_at_start, heads_trained)
+
     results = {
         # what hf-vanilla-evaluate's results name, so that hf-vanilla-publish takes this file
         "split": "test",
@@ -314,7 +319,7 @@ def _run_demo(args: DemoArguments, output_dir: Path) -> dict[str, Any]:
         and {
             "pairs": len(held_out),
             "initialisation": heads_at_start,
-            "trained": _head_distances(model, tokenizer, held_out),
+            "trained": heads_trained,
         },
         "settings": asdict(args),
     }

@@ -24,6 +24,7 @@ from hf_vanilla.analysis.plotting import (
     plot_attention_grid,
     plot_attention_masks,
     plot_attention_mean,
+    plot_head_distances,
     plot_positional_encoding,
     plot_training_curves,
     token_labels,
@@ -335,6 +336,22 @@ def test_positional_encoding_shows_one_frequency_as_smooth_sine_and_cosine(figur
     for values in smooth.values():
         assert np.abs(np.diff(values)).max() < 0.05  # drawn between the integer positions, not a zigzag
     np.testing.assert_allclose(smooth["sin"] ** 2 + smooth["cos"] ** 2, 1.0, atol=1e-6)  # one frequency
+
+
+def test_head_distances_are_drawn_before_and_after_training_on_the_whole_scale(figures) -> None:
+    start = {"encoder": [0.5, 0.4], "decoder": [0.3, 0.2], "cross": [0.3, 0.35]}
+    trained = {"encoder": [0.6, 0.55], "decoder": [0.45, 0.5], "cross": [0.7, 0.4]}
+    fig = plot_head_distances("heads.png", start, trained)
+    assert [ax.get_title() for ax in fig.axes] == [
+        "encoder self-attention",
+        "decoder masked self-attention",
+        "encoder-decoder attention",
+    ]
+    for ax, name in zip(fig.axes, ("encoder", "decoder", "cross"), strict=True):
+        before, after = ax.containers  # one bar per layer in each
+        assert [bar.get_height() for bar in before] == start[name]
+        assert [bar.get_height() for bar in after] == trained[name]
+        assert ax.get_ylim() == (0, 1)  # 0 = alike, 1 = no key in common: no magnified range
 
 
 def test_attention_grid_names_its_axes_and_says_how_to_read_it(figures) -> None:

@@ -33,6 +33,7 @@ FILES = (
     "encoder_self_attention_grid.png",
     "decoder_self_attention_grid.png",
     "attention_masks.png",
+    "head_distances.png",
 )
 
 
