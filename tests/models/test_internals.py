@@ -38,6 +38,13 @@ CHECKS = {
     "Trainer._save_checkpoint / _get_output_dir": lambda: (
         _has(Trainer, "_save_checkpoint") and _has(Trainer, "_get_output_dir")
     ),
+    "Trainer._load_optimizer_and_scheduler(checkpoint)": lambda: (
+        list(inspect.signature(Trainer._load_optimizer_and_scheduler).parameters) == ["self", "checkpoint"]
+    ),
+    "Trainer._issue_warnings_after_load(load_result)": lambda: (
+        list(inspect.signature(Trainer._issue_warnings_after_load).parameters) == ["self", "load_result"]
+        and "missing_keys" in inspect.getsource(Trainer._issue_warnings_after_load)
+    ),
     "Trainer._remove_unused_columns / _get_collator_with_removed_columns": lambda: (
         _has(Trainer, "_remove_unused_columns") and _has(Trainer, "_get_collator_with_removed_columns")
     ),
