@@ -54,7 +54,7 @@ from typing import Any
 
 from hf_vanilla.cli.parsing import DataclassArgumentParser
 from hf_vanilla.io.atomic import forget_new_outputs
-from hf_vanilla.io.numbers import is_non_finite
+from hf_vanilla.io.numbers import LARGEST_INT, is_non_finite
 
 logger = logging.getLogger(__name__)
 
@@ -105,11 +105,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     """``--help`` of every command: the module docstring as written, and each option's default."""
 
 
-#: The largest integer an option may be: a 64-bit integer's (torch's ``long``); a larger one overflows deep in
-#: torch or numpy.
-_LARGEST_INT = 2**63 - 1
-
-
 def refuse_non_finite(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """Raise ``ValueError`` naming the first option of ``parser`` (an ``argparse`` parser) that ``argv`` gives a non-finite number (``nan``, ``inf``,
     ``-inf``) or an integer beyond 64 bits, before any of the command's dataclasses is built. Defaults are the program's own and
@@ -124,7 +119,7 @@ def refuse_non_finite(parser: argparse.ArgumentParser, argv: Sequence[str]) -> N
                     f"--{name} {item}: not a finite number. Give an ordinary number (nan and inf are refused: "
                     "they decode or train into garbage)."
                 )
-            if isinstance(item, int) and not isinstance(item, bool) and abs(item) > _LARGEST_INT:
+            if isinstance(item, int) and not isinstance(item, bool) and abs(item) > LARGEST_INT:
                 raise ValueError(
                     f"--{name} {item}: too large a number (beyond 64 bits, which torch and the libraries below it "
                     "hold). Give a smaller one."

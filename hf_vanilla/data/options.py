@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hf_vanilla.cli.parsing import Bounds, refuse_out_of_bounds
 from hf_vanilla.io.atomic import OVERWRITE_HELP
+from hf_vanilla.io.numbers import Bounds, refuse_out_of_bounds
 
 __all__ = ["TOKENIZER_SAMPLE_PAIRS", "DataArguments", "TokenizerArguments"]
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from transformers import Seq2SeqTrainingArguments
 
 from hf_vanilla.analysis.evaluation import check_bleu_tokenize
-from hf_vanilla.cli.parsing import refuse_out_of_bounds
 from hf_vanilla.hub.options import DatasetCardArguments
+from hf_vanilla.io.numbers import refuse_out_of_bounds
 from hf_vanilla.training.options import (
     PAPER_MAX_TOKENS_PER_PROCESS,
     TRAINING_BOUNDS,

@@ -9,7 +9,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf_vanilla.cli.parsing import Bounds, refuse_out_of_bounds
+from hf_vanilla.io.numbers import Bounds, refuse_out_of_bounds
 
 __all__ = [
     "MODEL_BOUNDS",
