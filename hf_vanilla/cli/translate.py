@@ -50,6 +50,14 @@ class IOArguments:
             "help": "At most this many output tokens (</s> included), below the input length + 50 bound."
         },
     )
+    target_prefix_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Target prefixes, UTF-8, one per input line (a blank line: none): each translation starts "
+            "with its prefix's tokens and the rest is decoded (forced decoding; the prefix counts in the length "
+            "bound)."
+        },
+    )
 
 
 def _run(argv: list[str]) -> None:
@@ -58,7 +66,7 @@ def _run(argv: list[str]) -> None:
     )
     # After --help; torch only for the transformers backend (a CTranslate2 export starts in about a second).
     from hf_vanilla.inference.ctranslate2 import load_ctranslate2_and_tokenizer, resolve_backend
-    from hf_vanilla.inference.streaming import check_input_file, translate_stream
+    from hf_vanilla.inference.streaming import check_input_file, check_prefix_file, translate_stream
 
     if io.output_file != "-":
         refuse_to_replace(  # before loading anything
@@ -66,6 +74,8 @@ def _run(argv: list[str]) -> None:
         )
     if io.input_file != "-":
         check_input_file(io.input_file)  # before loading anything
+    if io.target_prefix_file is not None:
+        check_prefix_file(io.target_prefix_file, io.input_file)  # before loading anything
     check_nbest(io.nbest, decoding.num_beams)
     if io.max_length is not None and io.max_length < 1:
         raise ValueError(f"--max_length must be a positive number of tokens, got {io.max_length}.")
@@ -91,6 +101,7 @@ def _run(argv: list[str]) -> None:
         overwrite=io.overwrite,
         nbest=io.nbest,
         max_tokens=model_args.max_tokens,
+        prefix_file=io.target_prefix_file,
     )
 
 

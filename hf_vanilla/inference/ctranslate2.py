@@ -170,8 +170,10 @@ class CTranslate2Model:
         options: DecodingOptions,
         nbest: int | None = None,
         max_new_tokens: int | None = None,
+        target_prefixes: list[list[int]] | None = None,
     ) -> list[list[tuple[list[int], float | None]]]:
-        """What :func:`generate_hypotheses` returns, for unpadded ``input_ids``."""
+        """What :func:`generate_hypotheses` returns, for unpadded ``input_ids``; ``target_prefixes``: the
+        token ids each output starts with (CTranslate2's ``target_prefix``; ``[]``: none)."""
         if options.length_penalty_type == "gnmt":
             raise ValueError("--length_penalty_type gnmt needs the transformers backend (n-best rescoring).")
         check_nbest(nbest, options.num_beams)
@@ -187,6 +189,9 @@ class CTranslate2Model:
             max_decoding_length=longest,
             min_decoding_length=0,  # CTranslate2's default 1 forbids the empty translation generate() allows
             max_input_length=0,  # lengths are checked before, with a message naming the line
+            target_prefix=None
+            if target_prefixes is None
+            else [tokenizer.convert_ids_to_tokens(ids) or None for ids in target_prefixes],
         )
         return [
             [

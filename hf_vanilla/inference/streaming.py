@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import queue
 import sys
@@ -13,13 +14,18 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from hf_vanilla.data.text import text_lines
 from hf_vanilla.inference.options import DecodingOptions
-from hf_vanilla.inference.translation import InputTooLongError, format_nbest, translate_nbest
+from hf_vanilla.inference.translation import (
+    InputTooLongError,
+    TargetPrefixError,
+    format_nbest,
+    translate_nbest,
+)
 from hf_vanilla.io.atomic import atomic_file, full_disk_named, refuse_to_replace
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PAUSE_SECONDS", "check_input_file", "translate_stream"]
+__all__ = ["PAUSE_SECONDS", "check_input_file", "check_prefix_file", "translate_stream"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,18 +33,15 @@ logger = logging.getLogger(__name__)
 PAUSE_SECONDS = 0.1
 
 
-def check_input_file(source: str | Path) -> bool:
-    """Raise (one line) if the input file ``source`` is missing or a folder; return whether it is a
-    regular file (``False``: a pipe, such as bash's ``<(...)``, which can be read only once)."""
+def check_input_file(source: str | Path, flag: str = "--input_file") -> bool:
+    """Raise (one line, naming ``flag``) if the input file ``source`` is missing or a folder; return whether
+    it is a regular file (``False``: a pipe, such as bash's ``<(...)``, which can be read only once)."""
     path = Path(source)
     if not path.exists():
-        raise FileNotFoundError(
-            f"--input_file {str(source)!r} does not exist. Check the path, or pass - for stdin."
-        )
+        stdin = ", or pass - for stdin" if flag == "--input_file" else ""
+        raise FileNotFoundError(f"{flag} {str(source)!r} does not exist. Check the path{stdin}.")
     if path.is_dir():
-        raise IsADirectoryError(
-            f"--input_file {str(source)!r} is a folder; give a text file, one sentence a line."
-        )
+        raise IsADirectoryError(f"{flag} {str(source)!r} is a folder; give a text file, one sentence a line.")
     return path.is_file()
 
 
@@ -56,6 +59,7 @@ def translate_stream(
     nbest: int | None = None,
     max_tokens: int = 0,
     pause: float = PAUSE_SECONDS,
+    prefix_file: str | Path | None = None,
 ) -> int:
     """Translate a file (or stdin when ``source`` is None or ``"-"``) line by line to a file (or stdout).
 
@@ -72,6 +76,10 @@ def translate_stream(
     so it is complete or absent (an old one stays as it was) — never partial. Without ``overwrite``, a
     file that appeared there meanwhile is not replaced either
     (:class:`~hf_vanilla.io.atomic.OutputAppearedError`). Returns the number of lines translated.
+
+    ``prefix_file`` (``--target_prefix_file``): a UTF-8 file of target prefixes, one per input line (a blank
+    line: none), read alongside the input; see :func:`translate_nbest`. A regular input file with another
+    number of lines is refused before anything is translated.
     """
     if chunk_lines < 1:
         raise ValueError(f"--buffer_size must be at least 1 line, got {chunk_lines}.")
@@ -80,6 +88,9 @@ def translate_stream(
         refuse_to_replace(output, overwrite, "--output_file", kind="file", inputs=[source])
     name = "<stdin>" if from_stdin else str(source)
     streamed = from_stdin or not check_input_file(source)  # read once, as it comes
+    prefix_name = str(prefix_file)
+    if prefix_file is not None:
+        check_prefix_file(prefix_file, source)
     if not streamed:
         with open(source, "rb") as handle:
             for _ in text_lines(handle, name):  # fail before hours of translation, not after
@@ -94,14 +105,30 @@ def translate_stream(
         out_stream = sys.stdout if to_stdout else stack.enter_context(atomic_file(output))
         lines = text_lines(in_stream, name)
         buffers = _buffers(lines, chunk_lines, pause) if streamed else _chunks(lines, chunk_lines)
+        prefix_lines = (
+            None
+            if prefix_file is None
+            else text_lines(stack.enter_context(open(prefix_file, "rb")), prefix_name)
+        )
         for chunk in buffers:
+            prefixes = None if prefix_lines is None else list(itertools.islice(prefix_lines, len(chunk)))
+            if prefixes is not None and len(prefixes) < len(chunk):
+                raise ValueError(
+                    f"--target_prefix_file {prefix_name!r} ends at line {count + len(prefixes)}, before the "
+                    f"input: give one prefix per input line (a blank line for none); no output was written."
+                )
             try:
                 translated = translate_nbest(
-                    model, tokenizer, chunk, options, batch_size, device, generate_kwargs, nbest, max_tokens
-                )
+                    model, tokenizer, chunk, options, batch_size, device, generate_kwargs, nbest, max_tokens,
+                    prefixes,
+                )  # fmt: skip
             except InputTooLongError as err:
                 raise InputTooLongError(
                     count + err.index, err.length, err.limit, f"{name}, line {count + err.index + 1}"
+                ) from None
+            except TargetPrefixError as err:
+                raise TargetPrefixError(
+                    count + err.index, err.reason, f"--target_prefix_file {prefix_name}"
                 ) from None
             for index, hypotheses in enumerate(translated, start=count):
                 if nbest is None:
@@ -112,7 +139,30 @@ def translate_stream(
             count += len(chunk)
             if not to_stdout:  # progress: the file itself appears only when every line is translated
                 logger.info("Lines translated so far: %d (%s is written when all are)", count, output)
+        if prefix_lines is not None and next(prefix_lines, None) is not None:
+            raise ValueError(
+                f"--target_prefix_file {prefix_name!r} has more lines than the input ({count}): give one "
+                "prefix per input line; no output file was written."
+            )
     return count
+
+
+def check_prefix_file(prefix_file: str | Path, source: str | Path | None) -> None:
+    """Refuse (one line) a missing ``--target_prefix_file``, and one whose line count is not that of a
+    regular input file ``source`` (stdin and pipes are checked while they are read)."""
+    if not check_input_file(prefix_file, "--target_prefix_file") or source in (None, "-"):
+        return
+    if not check_input_file(source):
+        return
+    counts = []
+    for path in (prefix_file, source):
+        with open(path, "rb") as handle:
+            counts.append(sum(1 for _ in text_lines(handle, str(path))))
+    if counts[0] != counts[1]:
+        raise ValueError(
+            f"--target_prefix_file {str(prefix_file)!r} has {counts[0]} line(s), --input_file {str(source)!r} "
+            f"has {counts[1]}: give one prefix per input line (a blank line for none)."
+        )
 
 
 def _stdin_reader() -> BinaryIO:

@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "InputTooLongError",
+    "TargetPrefixError",
     "TranslationOutOfMemoryError",
     "check_batching",
     "check_input_length",
@@ -165,6 +166,90 @@ def _within_the_bound(generate_kwargs: dict[str, Any], model: Any, longest: int)
     return {**generate_kwargs, "max_new_tokens": min(cap, longest + offset)}
 
 
+def _offset(model: Any, generate_kwargs: dict[str, Any]) -> int | None:
+    """The ``max_length_offset`` of the output length bound: the call's, else the model's (``None``: a
+    model without the per-sentence bound)."""
+    if isinstance(model, CTranslate2Model):
+        return model.max_length_offset
+    return generate_kwargs.get(
+        "max_length_offset", getattr(model.generation_config, "max_length_offset", None)
+    )
+
+
+def _length_bound(model: Any, generate_kwargs: dict[str, Any], length: int) -> int | None:
+    """The most output tokens (``</s>`` included) a sentence of ``length`` source tokens may get: its
+    length + ``max_length_offset``, or less under a ``max_new_tokens`` cap (``None``: no bound)."""
+    offset, cap = _offset(model, generate_kwargs), generate_kwargs.get("max_new_tokens")
+    bounds = [bound for bound in (None if offset is None else length + offset, cap) if bound is not None]
+    return min(bounds, default=None)
+
+
+class TargetPrefixError(ValueError):
+    """A target prefix that cannot be used; ``index`` is its place in the input, ``reason`` what to do."""
+
+    def __init__(self, index: int, reason: str, where: str = "--target_prefix_file") -> None:
+        self.index, self.reason = index, reason
+        super().__init__(f"{where}, line {index + 1}: {reason}")
+
+
+def _prefix_ids(
+    model: Any,
+    tokenizer: Any,
+    sentences: Sequence[str],
+    prefixes: Sequence[str] | None,
+    lengths: dict[int, int],
+    generate_kwargs: dict[str, Any],
+) -> dict[int, list[int]]:
+    """The target-prefix token ids of each sentence to translate (no special token; ``[]`` for a blank
+    prefix), checked: one prefix per sentence, none for a blank sentence, and each shorter than the
+    sentence's output length bound (room for ``</s>``)."""
+    if prefixes is None:
+        return {i: [] for i in lengths}
+    if len(prefixes) != len(sentences):
+        raise ValueError(
+            f"--target_prefix_file has {len(prefixes)} line(s) for {len(sentences)} input line(s): give one "
+            "prefix per input line (a blank line for none)."
+        )
+    for i, (sentence, prefix) in enumerate(zip(sentences, prefixes, strict=True)):
+        if prefix.strip() and not sentence.strip():
+            raise TargetPrefixError(
+                i,
+                "a prefix for a blank input line; leave that prefix line blank (a blank input line gives a "
+                "blank output line).",
+            )
+    ids = {
+        i: tokenizer(text_target=prefixes[i].strip(), add_special_tokens=False)["input_ids"]
+        if prefixes[i].strip()
+        else []
+        for i in lengths
+    }
+    for i, prefix in ids.items():
+        bound = _length_bound(model, generate_kwargs, lengths[i])
+        if bound is not None and len(prefix) >= bound:
+            raise TargetPrefixError(
+                i,
+                f"the prefix has {len(prefix)} tokens, but this line's output holds at most {bound - 1} "
+                "before </s> (input length + max_length_offset, or --max_length): shorten the prefix or "
+                "raise --max_length.",
+            )
+    return ids
+
+
+def _with_prefix(generate_kwargs: dict[str, Any], model: Any, prefix: int) -> dict[str, Any]:
+    """``generate_kwargs`` for a batch whose decoder prompt holds ``prefix`` forced tokens after the start
+    token: ``generate()`` bounds the tokens it adds after its prompt, so the bound and a
+    ``max_new_tokens`` cap are lowered by the prefix, and the whole output keeps the bound."""
+    if not prefix:
+        return generate_kwargs
+    kwargs = dict(generate_kwargs)
+    offset = _offset(model, generate_kwargs)
+    if offset is not None:  # a prefix beyond the offset: outputs are cut at their bound afterwards
+        kwargs["max_length_offset"] = max(offset - prefix, 0)
+    if "max_new_tokens" in kwargs:
+        kwargs["max_new_tokens"] -= prefix
+    return kwargs
+
+
 def translate_nbest(
     model: Any,
     tokenizer: Any,
@@ -175,6 +260,7 @@ def translate_nbest(
     generate_kwargs: dict[str, Any] | None = None,
     nbest: int | None = None,
     max_tokens: int = 0,
+    prefixes: Sequence[str] | str | None = None,
 ) -> list[list[Hypothesis]] | list[Hypothesis]:
     """Translate ``sentences`` in batches; per sentence, in input order, its hypotheses: one without
     ``nbest`` (score ``None``), else the ``nbest`` best with scores, best first (see
@@ -186,11 +272,17 @@ def translate_nbest(
     most that many padded source tokens. A sentence longer than :func:`longest_input` raises
     :class:`InputTooLongError` before anything is translated; a batch that does not fit in memory
     :class:`TranslationOutOfMemoryError`.
+
+    ``prefixes`` (one per sentence; a blank one: none) are target prefixes: each translation starts with
+    its prefix's tokens (forced decoding) and the rest is decoded. The prefix counts in the output length
+    bound; scores count the decoded tokens after it. Sentences are batched with others of the same
+    prefix length (``generate()`` then needs no padding inside the decoder prompt).
     """
     if isinstance(sentences, str):  # one sentence, not a sequence of one-character sentences
         return translate_nbest(
-            model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, nbest, max_tokens
-        )[0]
+            model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, nbest, max_tokens,
+            None if prefixes is None else [prefixes],
+        )[0]  # fmt: skip
     check_batching(batch_size, max_tokens)
     if tokenizer.pad_token_id is None:
         raise ValueError(
@@ -209,6 +301,8 @@ def translate_nbest(
                 f"The ctranslate2 backend takes no generate() argument other than max_new_tokens: {unknown}."
             )
     else:  # torch, imported here: the CTranslate2 backend translates without it
+        import torch
+
         from hf_vanilla.inference.decoding import generate_hypotheses
         from hf_vanilla.inference.loading import resolve_device
 
@@ -226,9 +320,17 @@ def translate_nbest(
     lengths = {i: len(row) for i, row in ids.items()}
     for i in todo:
         check_input_length(model, tokenizer, lengths[i], i)
+    prefix_ids = _prefix_ids(model, tokenizer, sentences, prefixes, lengths, generate_kwargs)
     order = sorted(todo, key=lambda i: lengths[i], reverse=True)
+    groups = sorted({len(prefix) for prefix in prefix_ids.values()})
     done = 0
-    for indices in _batches(order, lengths, batch_size, max_tokens):
+    for indices in (
+        batch
+        for group in groups
+        for batch in _batches(
+            [i for i in order if len(prefix_ids[i]) == group], lengths, batch_size, max_tokens
+        )
+    ):
         try:
             if ct2:
                 outputs = model.generate_hypotheses(
@@ -237,12 +339,21 @@ def translate_nbest(
                     options,
                     nbest,
                     generate_kwargs.get("max_new_tokens"),
+                    [prefix_ids[i] for i in indices] if prefixes is not None else None,
                 )
             else:
                 batch = tokenizer.pad({"input_ids": [ids[i] for i in indices]}, return_tensors="pt").to(
                     device
                 )
-                kwargs = _within_the_bound(generate_kwargs, model, lengths[indices[0]])
+                prefix = len(prefix_ids[indices[0]])
+                kwargs = _with_prefix(
+                    _within_the_bound(generate_kwargs, model, lengths[indices[0]]), model, prefix
+                )
+                if prefix:
+                    start = model.config.decoder_start_token_id
+                    kwargs["decoder_input_ids"] = torch.tensor(
+                        [[start, *prefix_ids[i]] for i in indices], device=device
+                    )
                 outputs = generate_hypotheses(
                     model, batch["input_ids"], batch["attention_mask"], options, nbest, **kwargs
                 )
@@ -251,7 +362,9 @@ def translate_nbest(
                 raise
             raise TranslationOutOfMemoryError(len(indices), lengths[indices[0]], options.num_beams) from error
         for i, hypotheses in zip(indices, outputs, strict=True):
-            texts = tokenizer.batch_decode([row for row, _ in hypotheses], skip_special_tokens=True)
+            bound = _length_bound(model, generate_kwargs, lengths[i]) if prefix_ids[i] else None
+            rows = [row if bound is None else row[: bound - 1] for row, _ in hypotheses]
+            texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
             results[i] = [
                 Hypothesis(one_line(text), score) for text, (_, score) in zip(texts, hypotheses, strict=True)
             ]
@@ -269,6 +382,7 @@ def translate(
     device: str | torch.device | None = None,
     generate_kwargs: dict[str, Any] | None = None,
     max_tokens: int = 0,
+    prefixes: Sequence[str] | str | None = None,
 ) -> list[str] | str:
     """Translate ``sentences`` in batches and return the translations in input order; a bare string is one
     sentence and gives one string.
@@ -281,15 +395,18 @@ def translate(
     further than the per-sentence input length + 50 bound, or ``max_length_offset``, which changes
     the 50). A tokenizer that does not belong to the model (another size or special-token ids) raises
     ``ValueError`` before anything is translated, as does a sentence longer than the model's longest
-    input (:class:`InputTooLongError`).
+    input (:class:`InputTooLongError`). ``prefixes``: target prefixes, one per sentence (see
+    :func:`translate_nbest`).
     """
     if isinstance(sentences, str):
         return translate(
-            model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, max_tokens
-        )[0]
+            model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, max_tokens,
+            None if prefixes is None else [prefixes],
+        )[0]  # fmt: skip
     hypotheses = translate_nbest(
-        model, tokenizer, sentences, options, batch_size, device, generate_kwargs, max_tokens=max_tokens
-    )
+        model, tokenizer, sentences, options, batch_size, device, generate_kwargs,
+        max_tokens=max_tokens, prefixes=prefixes,
+    )  # fmt: skip
     return [best[0].text if best else "" for best in hypotheses]
 
 
