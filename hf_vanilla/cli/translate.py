@@ -8,7 +8,8 @@ Interactive: lines typed or piped into stdin are translated as they arrive (when
 when the input pauses for 0.1 s, or at its end). Blank lines give blank lines. With --nbest N each input
 line gives N lines "INDEX<TAB>SCORE<TAB>TRANSLATION", best first (INDEX: the input line, from 0; SCORE:
 log P / |Y|^α, or the GNMT penalty's with --length_penalty_type gnmt; CTranslate2: its own); a blank line gives
-"INDEX<TAB><TAB>". An existing --output_file is kept unless --overwrite is given.
+"INDEX<TAB><TAB>". With --do_sample (back-translation), --nbest N gives N samples per line. With
+--target_prefix_file, each translation starts with its line's prefix. An existing --output_file is kept unless --overwrite is given.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def _run(argv: list[str]) -> None:
         check_input_file(io.input_file)  # before loading anything
     if io.target_prefix_file is not None:
         check_prefix_file(io.target_prefix_file, io.input_file)  # before loading anything
-    check_nbest(io.nbest, decoding.num_beams)
+    check_nbest(io.nbest, decoding.num_beams, decoding.do_sample)
     if io.max_length is not None and io.max_length < 1:
         raise ValueError(f"--max_length must be a positive number of tokens, got {io.max_length}.")
     if resolve_backend(model_args) == "ctranslate2":

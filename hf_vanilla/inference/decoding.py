@@ -40,6 +40,14 @@ def paper_generation_kwargs(options: DecodingOptions | None = None) -> dict[str,
     length bound is the model's own). Greedy decoding (``num_beams=1``) gets ``num_beams`` alone: the
     length penalty and the stopping rule are beam search's, and ``generate()`` warns about them."""
     options = options or DecodingOptions()
+    if options.do_sample:  # top_k 0 and top_p 1 turn transformers' own warpers off
+        return {
+            "num_beams": 1,
+            "do_sample": True,
+            "top_k": options.top_k,
+            "top_p": options.top_p,
+            "temperature": options.temperature,
+        }
     if options.num_beams == 1:
         return {"num_beams": 1}
     return {
@@ -79,10 +87,12 @@ def nbest_log_probs(outputs: Any, length_penalty: float) -> tuple[torch.Tensor, 
     return outputs.sequences_scores * lengths**length_penalty, lengths
 
 
-def _greedy_scores(outputs: Any, eos_id: int, length_penalty: float) -> torch.Tensor:
-    """log P(Y | X) / |Y|^α of greedy outputs, |Y| counting generated tokens up to ``</s>`` included (as
-    ``sequences_scores`` does for beam search)."""
-    steps = torch.stack(outputs.scores, dim=1).float().log_softmax(dim=-1)  # (B, steps, V)
+def _greedy_scores(
+    outputs: Any, eos_id: int, length_penalty: float, logits: tuple[torch.Tensor, ...] | None = None
+) -> torch.Tensor:
+    """log P(Y | X) / |Y|^α of greedy outputs (or samples, from their raw ``logits``), |Y| counting
+    generated tokens up to ``</s>`` included (as ``sequences_scores`` does for beam search)."""
+    steps = torch.stack(logits or outputs.scores, dim=1).float().log_softmax(dim=-1)  # (B, steps, V)
     generated = outputs.sequences[:, -steps.shape[1] :]  # (B, steps)
     log_probs = steps.gather(2, generated.unsqueeze(-1)).squeeze(-1)
     ended_before = (generated == eos_id).int().cumsum(dim=1) - (generated == eos_id).int()
@@ -109,7 +119,7 @@ def generate_hypotheses(
     log P(Y | X) / ((5 + |Y|) / 6)^α. See the module docstring for the length bound and both penalties.
     """
     options = options or DecodingOptions()
-    check_nbest(nbest, options.num_beams)
+    check_nbest(nbest, options.num_beams, options.do_sample)
     if generate_kwargs.get("num_return_sequences", 1) != 1:
         wanted = generate_kwargs["num_return_sequences"]
         raise ValueError(
@@ -130,10 +140,13 @@ def generate_hypotheses(
         attention_mask=attention_mask,
         num_return_sequences=returned,
         output_scores=True,
+        output_logits=options.do_sample,
         return_dict_in_generate=True,
         **kwargs,
     )
-    if options.num_beams == 1:
+    if options.do_sample:  # the model's own log-probabilities, not those of the warped distribution
+        scores = _greedy_scores(out, eos_id, options.length_penalty, out.logits)
+    elif options.num_beams == 1:
         scores = _greedy_scores(out, eos_id, options.length_penalty)
     elif gnmt:
         log_probs, lengths = nbest_log_probs(out, options.length_penalty)

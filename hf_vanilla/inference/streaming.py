@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import queue
@@ -79,7 +80,8 @@ def translate_stream(
 
     ``prefix_file`` (``--target_prefix_file``): a UTF-8 file of target prefixes, one per input line (a blank
     line: none), read alongside the input; see :func:`translate_nbest`. A regular input file with another
-    number of lines is refused before anything is translated.
+    number of lines is refused before anything is translated. With a sampling ``seed``, the buffer that
+    starts at input line L (from 0) is sampled with seed + L: a file gives the same samples each time.
     """
     if chunk_lines < 1:
         raise ValueError(f"--buffer_size must be at least 1 line, got {chunk_lines}.")
@@ -96,6 +98,7 @@ def translate_stream(
             for _ in text_lines(handle, name):  # fail before hours of translation, not after
                 pass
     count = 0
+    seed = None if options is None else options.seed
     with contextlib.ExitStack() as stack:
         in_stream = _stdin_reader() if from_stdin else stack.enter_context(open(source, "rb"))
         if to_stdout:  # a file has its own (atomic_file)
@@ -117,6 +120,8 @@ def translate_stream(
                     f"--target_prefix_file {prefix_name!r} ends at line {count + len(prefixes)}, before the "
                     f"input: give one prefix per input line (a blank line for none); no output was written."
                 )
+            if seed is not None:  # each buffer draws numbers of its own
+                options = dataclasses.replace(options, seed=seed + count)
             try:
                 translated = translate_nbest(
                     model, tokenizer, chunk, options, batch_size, device, generate_kwargs, nbest, max_tokens,

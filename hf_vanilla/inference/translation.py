@@ -30,6 +30,7 @@ output length during inference to input length + 50, but terminate early when po
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
@@ -250,6 +251,23 @@ def _with_prefix(generate_kwargs: dict[str, Any], model: Any, prefix: int) -> di
     return kwargs
 
 
+@contextlib.contextmanager
+def _seeded(model: Any, device: Any, seed: int | None) -> Iterator[None]:
+    """Sampling with random numbers from ``seed`` (``None``: as they come): CTranslate2's generator is
+    seeded; torch's is seeded inside a fork of its state, which is restored afterwards."""
+    if seed is None:
+        yield
+    elif isinstance(model, CTranslate2Model):
+        model.seed(seed)
+        yield
+    else:
+        import torch
+
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            yield
+
+
 def translate_nbest(
     model: Any,
     tokenizer: Any,
@@ -289,7 +307,7 @@ def translate_nbest(
             "The tokenizer has no pad token: set tokenizer.pad_token (e.g. '<pad>') before translating."
         )
     options = options or DecodingOptions()
-    check_nbest(nbest, options.num_beams)
+    check_nbest(nbest, options.num_beams, options.do_sample)
     generate_kwargs = dict(generate_kwargs or {})
     refuse_non_finite({**asdict(options), **generate_kwargs})
     ct2 = isinstance(model, CTranslate2Model)
@@ -324,52 +342,56 @@ def translate_nbest(
     order = sorted(todo, key=lambda i: lengths[i], reverse=True)
     groups = sorted({len(prefix) for prefix in prefix_ids.values()})
     done = 0
-    for indices in (
-        batch
-        for group in groups
-        for batch in _batches(
-            [i for i in order if len(prefix_ids[i]) == group], lengths, batch_size, max_tokens
-        )
-    ):
-        try:
-            if ct2:
-                outputs = model.generate_hypotheses(
-                    tokenizer,
-                    [ids[i] for i in indices],
-                    options,
-                    nbest,
-                    generate_kwargs.get("max_new_tokens"),
-                    [prefix_ids[i] for i in indices] if prefixes is not None else None,
-                )
-            else:
-                batch = tokenizer.pad({"input_ids": [ids[i] for i in indices]}, return_tensors="pt").to(
-                    device
-                )
-                prefix = len(prefix_ids[indices[0]])
-                kwargs = _with_prefix(
-                    _within_the_bound(generate_kwargs, model, lengths[indices[0]]), model, prefix
-                )
-                if prefix:
-                    start = model.config.decoder_start_token_id
-                    kwargs["decoder_input_ids"] = torch.tensor(
-                        [[start, *prefix_ids[i]] for i in indices], device=device
+    with _seeded(model, device, options.seed):
+        for indices in (
+            batch
+            for group in groups
+            for batch in _batches(
+                [i for i in order if len(prefix_ids[i]) == group], lengths, batch_size, max_tokens
+            )
+        ):
+            try:
+                if ct2:
+                    outputs = model.generate_hypotheses(
+                        tokenizer,
+                        [ids[i] for i in indices],
+                        options,
+                        nbest,
+                        generate_kwargs.get("max_new_tokens"),
+                        [prefix_ids[i] for i in indices] if prefixes is not None else None,
                     )
-                outputs = generate_hypotheses(
-                    model, batch["input_ids"], batch["attention_mask"], options, nbest, **kwargs
-                )
-        except (MemoryError, RuntimeError) as error:  # torch's OutOfMemoryError is a RuntimeError
-            if not _out_of_memory(error):
-                raise
-            raise TranslationOutOfMemoryError(len(indices), lengths[indices[0]], options.num_beams) from error
-        for i, hypotheses in zip(indices, outputs, strict=True):
-            bound = _length_bound(model, generate_kwargs, lengths[i]) if prefix_ids[i] else None
-            rows = [row if bound is None else row[: bound - 1] for row, _ in hypotheses]
-            texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
-            results[i] = [
-                Hypothesis(one_line(text), score) for text, (_, score) in zip(texts, hypotheses, strict=True)
-            ]
-        done += len(indices)
-        logger.debug("translated %d/%d sentences", done, len(order))
+                else:
+                    batch = tokenizer.pad({"input_ids": [ids[i] for i in indices]}, return_tensors="pt").to(
+                        device
+                    )
+                    prefix = len(prefix_ids[indices[0]])
+                    kwargs = _with_prefix(
+                        _within_the_bound(generate_kwargs, model, lengths[indices[0]]), model, prefix
+                    )
+                    if prefix:
+                        start = model.config.decoder_start_token_id
+                        kwargs["decoder_input_ids"] = torch.tensor(
+                            [[start, *prefix_ids[i]] for i in indices], device=device
+                        )
+                    outputs = generate_hypotheses(
+                        model, batch["input_ids"], batch["attention_mask"], options, nbest, **kwargs
+                    )
+            except (MemoryError, RuntimeError) as error:  # torch's OutOfMemoryError is a RuntimeError
+                if not _out_of_memory(error):
+                    raise
+                raise TranslationOutOfMemoryError(
+                    len(indices), lengths[indices[0]], options.num_beams
+                ) from error
+            for i, hypotheses in zip(indices, outputs, strict=True):
+                bound = _length_bound(model, generate_kwargs, lengths[i]) if prefix_ids[i] else None
+                rows = [row if bound is None else row[: bound - 1] for row, _ in hypotheses]
+                texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
+                results[i] = [
+                    Hypothesis(one_line(text), score)
+                    for text, (_, score) in zip(texts, hypotheses, strict=True)
+                ]
+            done += len(indices)
+            logger.debug("translated %d/%d sentences", done, len(order))
     return results
 
 

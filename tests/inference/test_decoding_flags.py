@@ -129,3 +129,72 @@ def test_both_backends_force_the_same_greedy_prefixes(folder: Path) -> None:
     prefixes = ["w90 w91", "", "w3", "w92", ""]
     outputs = [translate(*_load(path), LINES, GREEDY, prefixes=prefixes) for path in (folder, Path(ct2))]
     assert outputs[0] == outputs[1] and outputs[0][0].startswith("w90 w91")
+
+
+# --------------------------------------------------------------------------------------------------
+# Sampling
+# --------------------------------------------------------------------------------------------------
+def _sampling(**options: object) -> DecodingOptions:
+    return DecodingOptions(do_sample=True, **options)
+
+
+@pytest.mark.parametrize("backend", ["transformers", "ctranslate2"])
+def test_sampling_is_reproducible_by_seed_and_top_k_1_is_greedy(folder: Path, backend: str) -> None:
+    path = folder
+    if backend == "ctranslate2":
+        pytest.importorskip("ctranslate2")
+        from hf_vanilla.interop.export_ctranslate2 import export_ctranslate2
+
+        path = folder.parent / "ct2"
+        if not path.exists():
+            export_ctranslate2(folder, path)
+    model, tokenizer = _load(path)
+    lines = [*LINES, *[f"w{i} w{i + 1} w{i + 2}" for i in range(11, 40, 3)]]
+    sample = {
+        seed: translate(model, tokenizer, lines, _sampling(seed=seed, temperature=2.0)) for seed in (1, 2)
+    }
+    assert translate(model, tokenizer, lines, _sampling(seed=1, temperature=2.0)) == sample[1]
+    assert sample[1] != sample[2]
+    greedy = translate(model, tokenizer, lines, GREEDY)
+    assert sample[1] != greedy
+    assert translate(model, tokenizer, lines, _sampling(top_k=1, temperature=2.0, seed=3)) == greedy
+    # --nbest N with sampling: N samples per line (more than the beam), best first
+    samples = translate_nbest(model, tokenizer, lines[:1], _sampling(seed=1, temperature=2.0), nbest=6)[0]
+    assert len(samples) == 6 and len({h.text for h in samples}) > 1
+    assert [h.score for h in samples] == sorted((h.score for h in samples), reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--top_k", "5"], "error: --top_k shape(s) sampling: add --do_sample, or leave them out."),
+        (["--seed", "1", "--temperature", "0.5"], "error: --temperature, --seed shape(s) sampling: add --do_sample"),
+        (["--do_sample", "--length_penalty", "1.0"], "error: --do_sample draws one token at a time, without beam "
+         "search: leave out --length_penalty (for several samples per line, use --nbest N)."),
+        (["--do_sample", "--num_beams", "8", "--length_penalty_type", "gnmt"], "error: --do_sample draws one token "
+         "at a time, without beam search: leave out --num_beams, --length_penalty_type"),
+        (["--do_sample", "--top_p", "0"], "error: --top_p 0.0: give a probability above 0 and at most 1"),
+        (["--do_sample", "--temperature", "0"], "error: --temperature 0.0: give a positive number"),
+        (["--do_sample", "--top_k", "-1"], "error: --top_k -1: give 0 (all tokens)"),
+    ],
+)  # fmt: skip
+def test_the_cli_refuses_sampling_flags_that_do_not_fit_in_one_line(
+    folder: Path, capsys: pytest.CaptureFixture, flags: list[str], message: str
+) -> None:
+    from hf_vanilla.cli.translate import main
+
+    assert main(["--model_name_or_path", str(folder), *flags]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(message) and "\n" not in err
+
+
+def test_the_cli_samples_several_translations_per_line(folder: Path, tmp_path: Path) -> None:
+    from hf_vanilla.cli.translate import main
+
+    (tmp_path / "in.txt").write_text("w4 w5\n\nw7\n")
+    args = ["--model_name_or_path", str(folder), "--input_file", str(tmp_path / "in.txt"), "--do_sample"]
+    for name in ("a", "b"):
+        assert main([*args, "--seed", "7", "--nbest", "5", "--output_file", str(tmp_path / name)]) == 0
+    rows = [line.split("\t") for line in (tmp_path / "a").read_text().splitlines()]
+    assert [row[0] for row in rows] == ["0"] * 5 + ["1"] + ["2"] * 5
+    assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text()
