@@ -51,6 +51,14 @@ class IOArguments:
             "help": "At most this many output tokens (</s> included), below the input length + 50 bound."
         },
     )
+    alignment_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Also write each translation's hard alignment here, one line per input line: SRC-TGT token "
+            "indices from 0 (e.g. '0-0 2-1'), from the penultimate decoder layer's cross-attention averaged over "
+            "heads. Transformers backend, not with --nbest."
+        },
+    )
     target_prefix_file: str | None = field(
         default=None,
         metadata={
@@ -67,7 +75,12 @@ def _run(argv: list[str]) -> None:
     )
     # After --help; torch only for the transformers backend (a CTranslate2 export starts in about a second).
     from hf_vanilla.inference.ctranslate2 import load_ctranslate2_and_tokenizer, resolve_backend
-    from hf_vanilla.inference.streaming import check_input_file, check_prefix_file, translate_stream
+    from hf_vanilla.inference.streaming import (
+        check_alignment_file,
+        check_input_file,
+        check_prefix_file,
+        translate_stream,
+    )
 
     if io.output_file != "-":
         refuse_to_replace(  # before loading anything
@@ -75,6 +88,10 @@ def _run(argv: list[str]) -> None:
         )
     if io.input_file != "-":
         check_input_file(io.input_file)  # before loading anything
+    if io.alignment_file is not None:  # before loading anything
+        check_alignment_file(
+            io.alignment_file, io.overwrite, io.nbest, [io.input_file, io.output_file, io.target_prefix_file]
+        )
     if io.target_prefix_file is not None:
         check_prefix_file(io.target_prefix_file, io.input_file)  # before loading anything
     check_nbest(io.nbest, decoding.num_beams, decoding.do_sample)
@@ -103,6 +120,7 @@ def _run(argv: list[str]) -> None:
         nbest=io.nbest,
         max_tokens=model_args.max_tokens,
         prefix_file=io.target_prefix_file,
+        alignment_file=io.alignment_file,
     )
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "generate_hypotheses",
     "generate_ids",
     "gnmt_length_penalty",
+    "hard_alignments",
     "nbest_log_probs",
     "paper_generation_kwargs",
 ]
@@ -166,6 +167,50 @@ def generate_hypotheses(
             ]
         )
     return results
+
+
+#: Which decoder layer's cross-attention gives alignments, counted from the top: the penultimate
+#: layer (the last one in a one-layer decoder), whose attention aligns best (Garg et al., 2019).
+ALIGNMENT_LAYER_FROM_TOP = 2
+
+
+@torch.inference_mode()
+def hard_alignments(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    outputs: list[list[int]],
+    special_ids: set[int],
+) -> list[list[tuple[int, int]]]:
+    """Per sentence of a padded batch, the hard alignment of its output ``outputs`` (token ids, no start
+    token or ``</s>``): for each target token t, the pair ``(s, t)`` with s the source token that the
+    cross-attention of :data:`ALIGNMENT_LAYER_FROM_TOP`, averaged over its heads, weighs most at the step
+    that produced t (fairseq's ``extract_hard_alignment``). Indices count tokens from 0: source tokens as
+    the tokenizer split the sentence (special tokens such as ``</s>`` are never aligned to), target tokens
+    of the output. The attention is computed again with the output forced (teacher forcing)."""
+    if not any(outputs):
+        return [[] for _ in outputs]
+    start, pad = model.config.decoder_start_token_id, model.config.pad_token_id
+    width = 1 + max(len(ids) for ids in outputs)
+    decoder_input_ids = torch.tensor(
+        [[start, *ids] + [pad] * (width - 1 - len(ids)) for ids in outputs], device=input_ids.device
+    )  # right padding: a causal decoder's real positions never read it
+    result = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        decoder_input_ids=decoder_input_ids,
+        output_attentions=True,
+    )
+    layers = result.cross_attentions
+    cross = layers[max(len(layers) - ALIGNMENT_LAYER_FROM_TOP, 0)].float().mean(dim=1)  # (B, T, S)
+    special = torch.tensor(sorted(special_ids), device=input_ids.device)
+    alignable = attention_mask.bool() & ~torch.isin(input_ids, special)  # (B, S)
+    first = attention_mask.long().argmax(dim=1)  # the first real position (left padding)
+    best = cross.masked_fill(~alignable[:, None, :], -1.0).argmax(dim=-1)  # (B, T)
+    return [
+        [(int(best[row, t]) - int(first[row]), t) for t in range(len(ids))] if alignable[row].any() else []
+        for row, ids in enumerate(outputs)
+    ]
 
 
 def generate_ids(

@@ -168,10 +168,12 @@ class DecodingOptions:
 
 @dataclass
 class Hypothesis:
-    """One translation of a sentence; ``score`` is ``None`` unless an n-best list was asked for."""
+    """One translation of a sentence; ``score`` is ``None`` unless an n-best list was asked for;
+    ``alignment``: ``(source token, target token)`` index pairs where alignments were asked for."""
 
     text: str
     score: float | None = None
+    alignment: list[tuple[int, int]] | None = None
 
 
 def refuse_non_finite(options: dict[str, Any]) -> None:

@@ -26,7 +26,13 @@ from hf_vanilla.io.atomic import atomic_file, full_disk_named, refuse_to_replace
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PAUSE_SECONDS", "check_input_file", "check_prefix_file", "translate_stream"]
+__all__ = [
+    "PAUSE_SECONDS",
+    "check_alignment_file",
+    "check_input_file",
+    "check_prefix_file",
+    "translate_stream",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +67,7 @@ def translate_stream(
     max_tokens: int = 0,
     pause: float = PAUSE_SECONDS,
     prefix_file: str | Path | None = None,
+    alignment_file: str | Path | None = None,
 ) -> int:
     """Translate a file (or stdin when ``source`` is None or ``"-"``) line by line to a file (or stdout).
 
@@ -82,12 +89,19 @@ def translate_stream(
     line: none), read alongside the input; see :func:`translate_nbest`. A regular input file with another
     number of lines is refused before anything is translated. With a sampling ``seed``, the buffer that
     starts at input line L (from 0) is sampled with seed + L: a file gives the same samples each time.
+
+    ``alignment_file`` (``--alignment_file``): the hard alignment of each translation, one line per input
+    line (``SRC-TGT`` token index pairs, see :func:`~hf_vanilla.inference.decoding.hard_alignments`; a
+    blank line for a blank input or an empty translation), written like the output file: whole or not at
+    all, and an existing one only with ``overwrite``. Not with ``nbest``.
     """
     if chunk_lines < 1:
         raise ValueError(f"--buffer_size must be at least 1 line, got {chunk_lines}.")
     from_stdin, to_stdout = source in (None, "-"), output in (None, "-")
     if not to_stdout:
         refuse_to_replace(output, overwrite, "--output_file", kind="file", inputs=[source])
+    if alignment_file is not None:
+        check_alignment_file(alignment_file, overwrite, nbest, [source, output, prefix_file])
     name = "<stdin>" if from_stdin else str(source)
     streamed = from_stdin or not check_input_file(source)  # read once, as it comes
     prefix_name = str(prefix_file)
@@ -106,6 +120,9 @@ def translate_stream(
                 full_disk_named("<stdout>", "what was written before the disk filled up stays")
             )
         out_stream = sys.stdout if to_stdout else stack.enter_context(atomic_file(output))
+        alignment_stream = (
+            None if alignment_file is None else stack.enter_context(atomic_file(alignment_file))
+        )
         lines = text_lines(in_stream, name)
         buffers = _buffers(lines, chunk_lines, pause) if streamed else _chunks(lines, chunk_lines)
         prefix_lines = (
@@ -125,7 +142,7 @@ def translate_stream(
             try:
                 translated = translate_nbest(
                     model, tokenizer, chunk, options, batch_size, device, generate_kwargs, nbest, max_tokens,
-                    prefixes,
+                    prefixes, alignment_stream is not None,
                 )  # fmt: skip
             except InputTooLongError as err:
                 raise InputTooLongError(
@@ -136,6 +153,9 @@ def translate_stream(
                     count + err.index, err.reason, f"--target_prefix_file {prefix_name}"
                 ) from None
             for index, hypotheses in enumerate(translated, start=count):
+                if alignment_stream is not None:
+                    pairs = hypotheses[0].alignment if hypotheses else []
+                    alignment_stream.write(" ".join(f"{source}-{target}" for source, target in pairs) + "\n")
                 if nbest is None:
                     out_stream.write((hypotheses[0].text if hypotheses else "") + "\n")
                 else:
@@ -150,6 +170,15 @@ def translate_stream(
                 "prefix per input line; no output file was written."
             )
     return count
+
+
+def check_alignment_file(
+    alignment_file: str | Path, overwrite: bool, nbest: int | None, inputs: list[str | Path | None]
+) -> None:
+    """Refuse (one line) an ``--alignment_file`` with ``--nbest``, or one that may not be written."""
+    if nbest is not None:
+        raise ValueError("--alignment_file aligns the one translation of each line: leave out --nbest.")
+    refuse_to_replace(alignment_file, overwrite, "--alignment_file", kind="file", inputs=inputs)
 
 
 def check_prefix_file(prefix_file: str | Path, source: str | Path | None) -> None:

@@ -279,6 +279,7 @@ def translate_nbest(
     nbest: int | None = None,
     max_tokens: int = 0,
     prefixes: Sequence[str] | str | None = None,
+    alignments: bool = False,
 ) -> list[list[Hypothesis]] | list[Hypothesis]:
     """Translate ``sentences`` in batches; per sentence, in input order, its hypotheses: one without
     ``nbest`` (score ``None``), else the ``nbest`` best with scores, best first (see
@@ -295,11 +296,14 @@ def translate_nbest(
     its prefix's tokens (forced decoding) and the rest is decoded. The prefix counts in the output length
     bound; scores count the decoded tokens after it. Sentences are batched with others of the same
     prefix length (``generate()`` then needs no padding inside the decoder prompt).
+
+    ``alignments``: the best hypothesis of each sentence gets its hard alignment (see
+    :func:`~hf_vanilla.inference.decoding.hard_alignments`); the transformers backend only.
     """
     if isinstance(sentences, str):  # one sentence, not a sequence of one-character sentences
         return translate_nbest(
             model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, nbest, max_tokens,
-            None if prefixes is None else [prefixes],
+            None if prefixes is None else [prefixes], alignments,
         )[0]  # fmt: skip
     check_batching(batch_size, max_tokens)
     if tokenizer.pad_token_id is None:
@@ -312,6 +316,11 @@ def translate_nbest(
     refuse_non_finite({**asdict(options), **generate_kwargs})
     ct2 = isinstance(model, CTranslate2Model)
     check_tokenizer_matches_config(tokenizer, model.config)  # both backends: a CTranslate2Model has one too
+    if ct2 and alignments:
+        raise ValueError(
+            "--alignment_file needs --backend transformers: CTranslate2 returns the attention of the layer and "
+            "heads fixed when the model was exported, not the alignment layer used here."
+        )
     if ct2:
         unknown = sorted(set(generate_kwargs) - {"max_new_tokens"})
         if unknown:
@@ -321,7 +330,7 @@ def translate_nbest(
     else:  # torch, imported here: the CTranslate2 backend translates without it
         import torch
 
-        from hf_vanilla.inference.decoding import generate_hypotheses
+        from hf_vanilla.inference.decoding import generate_hypotheses, hard_alignments
         from hf_vanilla.inference.loading import resolve_device
 
         device = resolve_device(device)
@@ -382,14 +391,21 @@ def translate_nbest(
                 raise TranslationOutOfMemoryError(
                     len(indices), lengths[indices[0]], options.num_beams
                 ) from error
+            kept = {}
             for i, hypotheses in zip(indices, outputs, strict=True):
                 bound = _length_bound(model, generate_kwargs, lengths[i]) if prefix_ids[i] else None
-                rows = [row if bound is None else row[: bound - 1] for row, _ in hypotheses]
-                texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
+                kept[i] = [row if bound is None else row[: bound - 1] for row, _ in hypotheses]
+                texts = tokenizer.batch_decode(kept[i], skip_special_tokens=True)
                 results[i] = [
                     Hypothesis(one_line(text), score)
                     for text, (_, score) in zip(texts, hypotheses, strict=True)
                 ]
+            if alignments:
+                best = [kept[i][0] for i in indices]
+                special = set(tokenizer.all_special_ids)
+                aligned = hard_alignments(model, batch["input_ids"], batch["attention_mask"], best, special)
+                for i, alignment in zip(indices, aligned, strict=True):
+                    results[i][0].alignment = alignment
             done += len(indices)
             logger.debug("translated %d/%d sentences", done, len(order))
     return results

@@ -129,6 +129,8 @@ def test_both_backends_force_the_same_greedy_prefixes(folder: Path) -> None:
     prefixes = ["w90 w91", "", "w3", "w92", ""]
     outputs = [translate(*_load(path), LINES, GREEDY, prefixes=prefixes) for path in (folder, Path(ct2))]
     assert outputs[0] == outputs[1] and outputs[0][0].startswith("w90 w91")
+    with pytest.raises(ValueError, match=r"^--alignment_file needs --backend transformers: CTranslate2"):
+        translate_nbest(*_load(Path(ct2)), LINES, GREEDY, alignments=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -198,3 +200,63 @@ def test_the_cli_samples_several_translations_per_line(folder: Path, tmp_path: P
     rows = [line.split("\t") for line in (tmp_path / "a").read_text().splitlines()]
     assert [row[0] for row in rows] == ["0"] * 5 + ["1"] + ["2"] * 5
     assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text()
+
+
+# --------------------------------------------------------------------------------------------------
+# Alignments
+# --------------------------------------------------------------------------------------------------
+class _KnownAttention(torch.nn.Module):
+    """A stand-in model whose cross-attention is given: (layers, B, heads, T, S)."""
+
+    def __init__(self, cross: torch.Tensor) -> None:
+        super().__init__()
+        self.cross = cross
+        self.config = type("Config", (), {"decoder_start_token_id": 1, "pad_token_id": 0})()
+
+    def forward(self, decoder_input_ids: torch.Tensor, **_: object) -> object:
+        assert decoder_input_ids[:, 0].eq(1).all()  # the start token, then the forced output
+        return type("Output", (), {"cross_attentions": tuple(self.cross)})()
+
+
+def test_a_hard_alignment_follows_the_penultimate_layer_averaged_over_heads() -> None:
+    from hf_vanilla.inference.decoding import hard_alignments
+
+    # Sentence 0: source "a b c </s>" (right), sentence 1: "<pad> d e </s>" (left padding).
+    input_ids = torch.tensor([[5, 6, 7, 2], [0, 8, 9, 2]])
+    attention_mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    cross = torch.zeros(3, 2, 2, 3, 4)  # 3 layers, 2 sentences, 2 heads, 3 target steps, 4 source places
+    cross[2] = 1.0  # the last layer would give other answers
+    # Penultimate layer: heads disagree, and their mean decides; </s> and padding are never chosen.
+    cross[1, 0, 0, :, :] = torch.tensor([[0.0, 0.1, 0.5, 0.0], [0.6, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.9]])
+    cross[1, 0, 1, :, :] = torch.tensor([[0.0, 0.8, 0.0, 0.0], [0.0, 0.0, 0.1, 0.0], [0.0, 0.0, 0.2, 0.9]])
+    cross[1, 1, :, :, :] = torch.tensor([[0.9, 0.0, 0.1, 0.0], [0.0, 0.3, 0.1, 0.6], [0.0, 0.0, 0.0, 0.0]])
+    aligned = hard_alignments(
+        _KnownAttention(cross), input_ids, attention_mask, [[10, 11, 12], [13, 14]], {0, 1, 2}
+    )
+    assert aligned == [[(1, 0), (0, 1), (2, 2)], [(1, 0), (0, 1)]]
+
+
+def test_the_cli_writes_one_alignment_line_per_input_line(
+    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from hf_vanilla.cli.translate import main
+
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in LINES))
+    args = ["--model_name_or_path", str(folder), "--input_file", str(tmp_path / "in.txt")]
+    out, align = tmp_path / "out.txt", tmp_path / "align.txt"
+    assert main([*args, "--output_file", str(out), "--alignment_file", str(align)]) == 0
+    translations, alignments = out.read_text().splitlines(), align.read_text().splitlines()
+    assert len(alignments) == len(LINES) and alignments[1] == ""
+    tokenizer = word_tokenizer()
+    for line, translation, alignment in zip(LINES, translations, alignments, strict=True):
+        pairs = [tuple(map(int, pair.split("-"))) for pair in alignment.split()]
+        assert [target for _, target in pairs] == list(range(len(tokenizer.tokenize(translation))))
+        assert all(0 <= source < len(line.split()) for source, _ in pairs)  # never </s>
+    assert any(alignments)
+    capsys.readouterr()
+    assert main([*args, "--output_file", str(tmp_path / "o2"), "--alignment_file", str(align)]) == 1
+    assert "--alignment_file" in capsys.readouterr().err  # an existing file is kept
+    assert main([*args, "--nbest", "2", "--alignment_file", str(tmp_path / "a2")]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "error: --alignment_file aligns the one translation of each line: leave out --nbest."
+    )
