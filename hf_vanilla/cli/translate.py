@@ -59,6 +59,13 @@ class IOArguments:
             "heads. Transformers backend, not with --nbest."
         },
     )
+    split_sentences: str | None = field(
+        default=None,
+        metadata={
+            "help": "A language code (en, de, fr, ...): split each line into its sentences with pysbd (pip install "
+            "'hf_vanilla[split]'), translate them, and join them back with the whitespace between them."
+        },
+    )
     target_prefix_file: str | None = field(
         default=None,
         metadata={
@@ -121,6 +128,7 @@ def _run(argv: list[str]) -> None:
         max_tokens=model_args.max_tokens,
         prefix_file=io.target_prefix_file,
         alignment_file=io.alignment_file,
+        split_sentences=io.split_sentences,
     )
 
 

@@ -68,6 +68,7 @@ def translate_stream(
     pause: float = PAUSE_SECONDS,
     prefix_file: str | Path | None = None,
     alignment_file: str | Path | None = None,
+    split_sentences: str | None = None,
 ) -> int:
     """Translate a file (or stdin when ``source`` is None or ``"-"``) line by line to a file (or stdout).
 
@@ -93,7 +94,8 @@ def translate_stream(
     ``alignment_file`` (``--alignment_file``): the hard alignment of each translation, one line per input
     line (``SRC-TGT`` token index pairs, see :func:`~hf_vanilla.inference.decoding.hard_alignments`; a
     blank line for a blank input or an empty translation), written like the output file: whole or not at
-    all, and an existing one only with ``overwrite``. Not with ``nbest``.
+    all, and an existing one only with ``overwrite``. Not with ``nbest``. ``split_sentences``: see
+    :func:`translate_nbest`.
     """
     if chunk_lines < 1:
         raise ValueError(f"--buffer_size must be at least 1 line, got {chunk_lines}.")
@@ -142,7 +144,7 @@ def translate_stream(
             try:
                 translated = translate_nbest(
                     model, tokenizer, chunk, options, batch_size, device, generate_kwargs, nbest, max_tokens,
-                    prefixes, alignment_stream is not None,
+                    prefixes, alignment_stream is not None, split_sentences,
                 )  # fmt: skip
             except InputTooLongError as err:
                 raise InputTooLongError(

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +57,7 @@ __all__ = [
     "format_nbest",
     "longest_input",
     "one_line",
+    "sentence_splitter",
     "translate",
     "translate_nbest",
 ]
@@ -251,6 +252,58 @@ def _with_prefix(generate_kwargs: dict[str, Any], model: Any, prefix: int) -> di
     return kwargs
 
 
+def sentence_splitter(language: str) -> Callable[[str], list[str]]:
+    """A function that splits a line into its sentences with pysbd (Sadvilkar and Neumann, 2020; rule
+    based, no model) for ``language`` (an ISO 639-1 code it knows: en, de, fr, ...), and returns pieces
+    that join back into the line: sentences at even places, the whitespace between them at odd ones."""
+    try:
+        import pysbd
+        from pysbd.languages import LANGUAGE_CODES
+    except ImportError as err:
+        raise ImportError(
+            "--split_sentences needs pysbd: pip install 'hf_vanilla[split]' (or pip install pysbd)."
+        ) from err
+    if language not in LANGUAGE_CODES:
+        raise ValueError(
+            f"--split_sentences {language!r}: pysbd splits {', '.join(sorted(LANGUAGE_CODES))}; give one of "
+            "these language codes."
+        )
+    segmenter = pysbd.Segmenter(language=language, clean=False)
+
+    def split(line: str) -> list[str]:
+        pieces, cursor = [], len(line) - len(line.lstrip())
+        for sentence in (piece.strip() for piece in segmenter.segment(line)):
+            start = line.find(sentence, cursor) if sentence else -1
+            if start < 0:  # not found as it is in the line: the line is not split
+                return [line.strip()]
+            if pieces:
+                pieces.append(line[cursor:start])
+            pieces.append(sentence)
+            cursor = start + len(sentence)
+        return pieces or [line.strip()]
+
+    return split
+
+
+def _translate_sentences(
+    split: Callable[[str], list[str]],
+    sentences: Sequence[str],
+    translate_lines: Callable[[list[str]], list[list[Hypothesis]]],
+) -> list[list[Hypothesis]]:
+    """Translate the sentences of each line with ``translate_lines`` and join their translations with the
+    whitespace that was between them: one hypothesis per line (none for a blank line)."""
+    pieces = [split(line) if line.strip() else [] for line in sentences]
+    flat = [sentence for line in pieces for sentence in line[::2]]
+    translated = iter(translate_lines(flat))
+    results: list[list[Hypothesis]] = []
+    for line in pieces:
+        joined = [
+            piece if k % 2 else (next(translated) or [Hypothesis("")])[0].text for k, piece in enumerate(line)
+        ]
+        results.append([Hypothesis("".join(joined))] if line else [])
+    return results
+
+
 @contextlib.contextmanager
 def _seeded(model: Any, device: Any, seed: int | None) -> Iterator[None]:
     """Sampling with random numbers from ``seed`` (``None``: as they come): CTranslate2's generator is
@@ -280,6 +333,7 @@ def translate_nbest(
     max_tokens: int = 0,
     prefixes: Sequence[str] | str | None = None,
     alignments: bool = False,
+    split_sentences: str | None = None,
 ) -> list[list[Hypothesis]] | list[Hypothesis]:
     """Translate ``sentences`` in batches; per sentence, in input order, its hypotheses: one without
     ``nbest`` (score ``None``), else the ``nbest`` best with scores, best first (see
@@ -299,12 +353,30 @@ def translate_nbest(
 
     ``alignments``: the best hypothesis of each sentence gets its hard alignment (see
     :func:`~hf_vanilla.inference.decoding.hard_alignments`); the transformers backend only.
+
+    ``split_sentences`` (a language code, see :func:`sentence_splitter`): each line is split into its
+    sentences, they are translated, and each line's translations are joined with the whitespace that was
+    between its sentences (one hypothesis per line; not with ``nbest``, ``prefixes`` or ``alignments``).
     """
     if isinstance(sentences, str):  # one sentence, not a sequence of one-character sentences
         return translate_nbest(
             model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, nbest, max_tokens,
-            None if prefixes is None else [prefixes], alignments,
+            None if prefixes is None else [prefixes], alignments, split_sentences,
         )[0]  # fmt: skip
+    if split_sentences is not None:
+        given = [flag for flag, value in (("--nbest", nbest), ("--target_prefix_file", prefixes),
+                 ("--alignment_file", alignments or None)) if value is not None]  # fmt: skip
+        if given:
+            raise ValueError(
+                f"--split_sentences joins one translation per sentence back into its line: leave out {', '.join(given)}."
+            )
+        return _translate_sentences(
+            sentence_splitter(split_sentences),
+            sentences,
+            lambda pieces: translate_nbest(
+                model, tokenizer, pieces, options, batch_size, device, generate_kwargs, max_tokens=max_tokens
+            ),
+        )
     check_batching(batch_size, max_tokens)
     if tokenizer.pad_token_id is None:
         raise ValueError(
@@ -421,6 +493,7 @@ def translate(
     generate_kwargs: dict[str, Any] | None = None,
     max_tokens: int = 0,
     prefixes: Sequence[str] | str | None = None,
+    split_sentences: str | None = None,
 ) -> list[str] | str:
     """Translate ``sentences`` in batches and return the translations in input order; a bare string is one
     sentence and gives one string.
@@ -433,17 +506,17 @@ def translate(
     further than the per-sentence input length + 50 bound, or ``max_length_offset``, which changes
     the 50). A tokenizer that does not belong to the model (another size or special-token ids) raises
     ``ValueError`` before anything is translated, as does a sentence longer than the model's longest
-    input (:class:`InputTooLongError`). ``prefixes``: target prefixes, one per sentence (see
-    :func:`translate_nbest`).
+    input (:class:`InputTooLongError`). ``prefixes``: target prefixes, one per sentence;
+    ``split_sentences``: a language code to split each line into sentences (see :func:`translate_nbest`).
     """
     if isinstance(sentences, str):
         return translate(
             model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, max_tokens,
-            None if prefixes is None else [prefixes],
+            None if prefixes is None else [prefixes], split_sentences,
         )[0]  # fmt: skip
     hypotheses = translate_nbest(
         model, tokenizer, sentences, options, batch_size, device, generate_kwargs,
-        max_tokens=max_tokens, prefixes=prefixes,
+        max_tokens=max_tokens, prefixes=prefixes, split_sentences=split_sentences,
     )  # fmt: skip
     return [best[0].text if best else "" for best in hypotheses]
 

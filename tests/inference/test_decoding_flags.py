@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -259,4 +260,44 @@ def test_the_cli_writes_one_alignment_line_per_input_line(
     assert main([*args, "--nbest", "2", "--alignment_file", str(tmp_path / "a2")]) == 1
     assert capsys.readouterr().err.strip() == (
         "error: --alignment_file aligns the one translation of each line: leave out --nbest."
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Sentence splitting
+# --------------------------------------------------------------------------------------------------
+def test_split_sentences_translates_each_sentence_and_keeps_the_whitespace_between(folder: Path) -> None:
+    pytest.importorskip("pysbd")
+    model, tokenizer = _load(folder)
+    lines = ["w4 w5. w7!  w6 w7 w8?", "", "w9 w10"]
+    sentences = ["w4 w5.", "w7!", "w6 w7 w8?", "w9 w10"]
+    alone = translate(model, tokenizer, sentences, GREEDY)
+    split = translate(model, tokenizer, lines, GREEDY, split_sentences="en")
+    assert split == [f"{alone[0]} {alone[1]}  {alone[2]}", "", alone[3]]
+    assert split[0] != translate(model, tokenizer, lines[0], GREEDY)  # the line was not translated whole
+
+
+def test_split_sentences_is_refused_in_one_line_where_it_cannot_work(
+    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hf_vanilla.cli.translate import main
+
+    pytest.importorskip("pysbd")
+    (tmp_path / "in.txt").write_text("w4. w5\n")
+    args = ["--model_name_or_path", str(folder), "--input_file", str(tmp_path / "in.txt")]
+    assert main([*args, "--split_sentences", "en", "--nbest", "2"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --split_sentences joins one translation per sentence back into its line: leave out --nbest."
+    )
+    assert main([*args, "--split_sentences", "xx"]) == 1
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith("error: --split_sentences 'xx': pysbd splits am, ar")
+    )
+    monkeypatch.setitem(sys.modules, "pysbd", None)  # not installed
+    assert main([*args, "--split_sentences", "en"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --split_sentences needs pysbd: pip install 'hf_vanilla[split]' (or pip install pysbd)."
     )
