@@ -294,7 +294,11 @@ def _translate_sentences(
     whitespace that was between them: one hypothesis per line (none for a blank line)."""
     pieces = [split(line) if line.strip() else [] for line in sentences]
     flat = [sentence for line in pieces for sentence in line[::2]]
-    translated = iter(translate_lines(flat))
+    owners = [index for index, line in enumerate(pieces) for _ in line[::2]]
+    try:
+        translated = iter(translate_lines(flat))
+    except InputTooLongError as err:  # name the input line, not the sentence's place among all sentences
+        raise InputTooLongError(owners[err.index], err.length, err.limit, fix="Split it further.") from None
     results: list[list[Hypothesis]] = []
     for line in pieces:
         joined = [

@@ -301,3 +301,13 @@ def test_split_sentences_is_refused_in_one_line_where_it_cannot_work(
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: --split_sentences needs pysbd: pip install 'hf_vanilla[split]' (or pip install pysbd)."
     )
+
+
+def test_a_sentence_too_long_is_named_by_its_input_line(folder: Path) -> None:
+    pytest.importorskip("pysbd")
+    from hf_vanilla.inference.translation import InputTooLongError
+
+    model, tokenizer = _load(folder)
+    long = " ".join(f"w{i}" for i in range(70))
+    with pytest.raises(InputTooLongError, match=r"^sentence 3: 71 tokens"):
+        translate(model, tokenizer, ["w1. w2.", "", f"w3. {long}."], GREEDY, split_sentences="en")
