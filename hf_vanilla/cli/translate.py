@@ -99,6 +99,10 @@ def _run(argv: list[str]) -> None:
         check_alignment_file(
             io.alignment_file, io.overwrite, io.nbest, [io.input_file, io.output_file, io.target_prefix_file]
         )
+    if io.split_sentences is not None:  # pysbd installed, the language known: before loading anything
+        from hf_vanilla.inference.translation import sentence_splitter
+
+        sentence_splitter(io.split_sentences)
     if io.target_prefix_file is not None:
         check_prefix_file(io.target_prefix_file, io.input_file)  # before loading anything
     check_nbest(io.nbest, decoding.num_beams, decoding.do_sample)
