@@ -8,7 +8,8 @@ Interactive: lines typed or piped into stdin are translated as they arrive (when
 when the input pauses for 0.1 s, or at its end). Blank lines give blank lines. With --nbest N each input
 line gives N lines "INDEX<TAB>SCORE<TAB>TRANSLATION", best first (INDEX: the input line, from 0; SCORE:
 log P / |Y|^α, or the GNMT penalty's with --length_penalty_type gnmt; CTranslate2: its own); a blank line gives
-"INDEX<TAB><TAB>". An existing --output_file is kept unless --overwrite is given.
+"INDEX<TAB><TAB>". With --do_sample (back-translation), --nbest N gives N samples per line. With
+--target_prefix_file, each translation starts with its line's prefix. An existing --output_file is kept unless --overwrite is given.
 """
 
 from __future__ import annotations
@@ -50,6 +51,29 @@ class IOArguments:
             "help": "At most this many output tokens (</s> included), below the input length + 50 bound."
         },
     )
+    alignment_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Also write each translation's hard alignment here, one line per input line: SRC-TGT token "
+            "indices from 0 (e.g. '0-0 2-1'), from the penultimate decoder layer's cross-attention averaged over "
+            "heads. Transformers backend, not with --nbest."
+        },
+    )
+    split_sentences: str | None = field(
+        default=None,
+        metadata={
+            "help": "A language code (en, de, fr, ...): split each line into its sentences with pysbd (pip install "
+            "'hf_vanilla[split]'), translate them, and join them back with the whitespace between them."
+        },
+    )
+    target_prefix_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Target prefixes, UTF-8, one per input line (a blank line: none): each translation starts "
+            "with its prefix's tokens and the rest is decoded (forced decoding; the prefix counts in the length "
+            "bound)."
+        },
+    )
 
 
 def _run(argv: list[str]) -> None:
@@ -58,7 +82,12 @@ def _run(argv: list[str]) -> None:
     )
     # After --help; torch only for the transformers backend (a CTranslate2 export starts in about a second).
     from hf_vanilla.inference.ctranslate2 import load_ctranslate2_and_tokenizer, resolve_backend
-    from hf_vanilla.inference.streaming import check_input_file, translate_stream
+    from hf_vanilla.inference.streaming import (
+        check_alignment_file,
+        check_input_file,
+        check_prefix_file,
+        translate_stream,
+    )
 
     if io.output_file != "-":
         refuse_to_replace(  # before loading anything
@@ -66,7 +95,17 @@ def _run(argv: list[str]) -> None:
         )
     if io.input_file != "-":
         check_input_file(io.input_file)  # before loading anything
-    check_nbest(io.nbest, decoding.num_beams)
+    if io.alignment_file is not None:  # before loading anything
+        check_alignment_file(
+            io.alignment_file, io.overwrite, io.nbest, [io.input_file, io.output_file, io.target_prefix_file]
+        )
+    if io.split_sentences is not None:  # pysbd installed, the language known: before loading anything
+        from hf_vanilla.inference.translation import sentence_splitter
+
+        sentence_splitter(io.split_sentences)
+    if io.target_prefix_file is not None:
+        check_prefix_file(io.target_prefix_file, io.input_file)  # before loading anything
+    check_nbest(io.nbest, decoding.num_beams, decoding.do_sample)
     if io.max_length is not None and io.max_length < 1:
         raise ValueError(f"--max_length must be a positive number of tokens, got {io.max_length}.")
     if resolve_backend(model_args) == "ctranslate2":
@@ -91,6 +130,9 @@ def _run(argv: list[str]) -> None:
         overwrite=io.overwrite,
         nbest=io.nbest,
         max_tokens=model_args.max_tokens,
+        prefix_file=io.target_prefix_file,
+        alignment_file=io.alignment_file,
+        split_sentences=io.split_sentences,
     )
 
 

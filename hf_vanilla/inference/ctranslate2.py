@@ -115,10 +115,14 @@ class CTranslate2Model:
         defaults = read_json(generation, hint=_EXPORT_AGAIN) if generation.is_file() else {}
         self.max_length_offset = int(defaults.get("max_length_offset", paper_decoding()["max_length_offset"]))
         self.config = self._vocabulary_config(folder, defaults)
+        self._translator_args = {
+            "device": device_type,
+            "device_index": device_index,
+            "compute_type": compute_type,
+        }
+        self._sampled = False  # whether the translator's random generators have been used
         try:
-            self.translator = ctranslate2.Translator(
-                str(folder), device=device_type, device_index=device_index, compute_type=compute_type
-            )
+            self.translator = ctranslate2.Translator(str(folder), **self._translator_args)
         except RuntimeError as err:  # CTranslate2 names neither the file nor what to do
             raise ValueError(
                 f"{folder / 'model.bin'}: CTranslate2 cannot load it ({str(err).splitlines()[0] if str(err) else err!r}); "
@@ -154,7 +158,12 @@ class CTranslate2Model:
     def describe(self, options: DecodingOptions) -> str:
         """What CTranslate2 does with ``options``, for the log (:meth:`DecodingOptions.describe` names
         transformers' beam search)."""
-        if options.num_beams == 1:
+        if options.do_sample:
+            search = (
+                f"sampling (top-k {options.top_k or 'all'}, top-p {options.top_p}, temperature "
+                f"{options.temperature}, seed {options.seed})"
+            )
+        elif options.num_beams == 1:
             search = "greedy (beam 1)"
         else:
             search = (
@@ -163,6 +172,16 @@ class CTranslate2Model:
             )
         return f"CTranslate2 {search}, max output length = input length + {self.max_length_offset}"
 
+    def seed(self, seed: int) -> None:
+        """Seed CTranslate2's sampling. Its threads seed their generators when they first sample, so a
+        translator that has sampled already is loaded anew (the same weights) for the seed to apply."""
+        import ctranslate2
+
+        ctranslate2.set_random_seed(seed)
+        if self._sampled:
+            self.translator = ctranslate2.Translator(str(self.folder), **self._translator_args)
+            self._sampled = False
+
     def generate_hypotheses(
         self,
         tokenizer: Any,
@@ -170,28 +189,49 @@ class CTranslate2Model:
         options: DecodingOptions,
         nbest: int | None = None,
         max_new_tokens: int | None = None,
+        target_prefixes: list[list[int]] | None = None,
     ) -> list[list[tuple[list[int], float | None]]]:
-        """What :func:`generate_hypotheses` returns, for unpadded ``input_ids``."""
+        """What :func:`generate_hypotheses` returns, for unpadded ``input_ids``; ``target_prefixes``: the
+        token ids each output starts with (CTranslate2's ``target_prefix``; ``[]``: none)."""
         if options.length_penalty_type == "gnmt":
             raise ValueError("--length_penalty_type gnmt needs the transformers backend (n-best rescoring).")
-        check_nbest(nbest, options.num_beams)
+        check_nbest(nbest, options.num_beams, options.do_sample)
         # generate() ends each sentence with </s> at its input length + offset: that many tokens minus one
         bounds = [len(ids) + self.max_length_offset - 1 for ids in input_ids]
         longest = max(bounds) if max_new_tokens is None else min(max(bounds), max_new_tokens)
+        # Sampling: each sentence is given ``nbest`` times, one sample each (CTranslate2 returns one
+        # hypothesis per sampled input without beam search).
+        copies = (nbest or 1) if options.do_sample else 1
+        self._sampled = self._sampled or options.do_sample
+        prefixes = (
+            None
+            if target_prefixes is None
+            else [tokenizer.convert_ids_to_tokens(ids) or None for ids in target_prefixes]
+        )
         results = self.translator.translate_batch(
-            [tokenizer.convert_ids_to_tokens(ids) for ids in input_ids],
-            beam_size=options.num_beams,
+            [tokenizer.convert_ids_to_tokens(ids) for ids in input_ids for _ in range(copies)],
+            beam_size=1 if options.do_sample else options.num_beams,
             length_penalty=options.length_penalty,
-            num_hypotheses=nbest or 1,
+            num_hypotheses=1 if options.do_sample else nbest or 1,
             return_scores=nbest is not None,
             max_decoding_length=longest,
             min_decoding_length=0,  # CTranslate2's default 1 forbids the empty translation generate() allows
             max_input_length=0,  # lengths are checked before, with a message naming the line
+            target_prefix=None
+            if prefixes is None
+            else [prefix for prefix in prefixes for _ in range(copies)],
+            sampling_topk=(options.top_k if options.do_sample else 1),
+            sampling_topp=options.top_p,
+            sampling_temperature=options.temperature,
         )
-        return [
+        hypotheses = [
             [
                 (tokenizer.convert_tokens_to_ids(tokens)[:bound], result.scores[k] if nbest else None)
+                for result in results[j * copies : (j + 1) * copies]
                 for k, tokens in enumerate(result.hypotheses)
             ]
-            for result, bound in zip(results, bounds, strict=True)
+            for j, bound in enumerate(bounds)
         ]
+        if copies > 1:  # samples best first, as n-best lists are
+            hypotheses = [sorted(sentence, key=lambda hypothesis: -hypothesis[1]) for sentence in hypotheses]
+        return hypotheses

@@ -25,6 +25,7 @@ __all__ = [
     "generate_hypotheses",
     "generate_ids",
     "gnmt_length_penalty",
+    "hard_alignments",
     "nbest_log_probs",
     "paper_generation_kwargs",
 ]
@@ -40,6 +41,14 @@ def paper_generation_kwargs(options: DecodingOptions | None = None) -> dict[str,
     length bound is the model's own). Greedy decoding (``num_beams=1``) gets ``num_beams`` alone: the
     length penalty and the stopping rule are beam search's, and ``generate()`` warns about them."""
     options = options or DecodingOptions()
+    if options.do_sample:  # top_k 0 and top_p 1 turn transformers' own warpers off
+        return {
+            "num_beams": 1,
+            "do_sample": True,
+            "top_k": options.top_k,
+            "top_p": options.top_p,
+            "temperature": options.temperature,
+        }
     if options.num_beams == 1:
         return {"num_beams": 1}
     return {
@@ -79,10 +88,12 @@ def nbest_log_probs(outputs: Any, length_penalty: float) -> tuple[torch.Tensor, 
     return outputs.sequences_scores * lengths**length_penalty, lengths
 
 
-def _greedy_scores(outputs: Any, eos_id: int, length_penalty: float) -> torch.Tensor:
-    """log P(Y | X) / |Y|^α of greedy outputs, |Y| counting generated tokens up to ``</s>`` included (as
-    ``sequences_scores`` does for beam search)."""
-    steps = torch.stack(outputs.scores, dim=1).float().log_softmax(dim=-1)  # (B, steps, V)
+def _greedy_scores(
+    outputs: Any, eos_id: int, length_penalty: float, logits: tuple[torch.Tensor, ...] | None = None
+) -> torch.Tensor:
+    """log P(Y | X) / |Y|^α of greedy outputs (or samples, from their raw ``logits``), |Y| counting
+    generated tokens up to ``</s>`` included (as ``sequences_scores`` does for beam search)."""
+    steps = torch.stack(logits or outputs.scores, dim=1).float().log_softmax(dim=-1)  # (B, steps, V)
     generated = outputs.sequences[:, -steps.shape[1] :]  # (B, steps)
     log_probs = steps.gather(2, generated.unsqueeze(-1)).squeeze(-1)
     ended_before = (generated == eos_id).int().cumsum(dim=1) - (generated == eos_id).int()
@@ -109,7 +120,7 @@ def generate_hypotheses(
     log P(Y | X) / ((5 + |Y|) / 6)^α. See the module docstring for the length bound and both penalties.
     """
     options = options or DecodingOptions()
-    check_nbest(nbest, options.num_beams)
+    check_nbest(nbest, options.num_beams, options.do_sample)
     if generate_kwargs.get("num_return_sequences", 1) != 1:
         wanted = generate_kwargs["num_return_sequences"]
         raise ValueError(
@@ -130,10 +141,13 @@ def generate_hypotheses(
         attention_mask=attention_mask,
         num_return_sequences=returned,
         output_scores=True,
+        output_logits=options.do_sample,
         return_dict_in_generate=True,
         **kwargs,
     )
-    if options.num_beams == 1:
+    if options.do_sample:  # the model's own log-probabilities, not those of the warped distribution
+        scores = _greedy_scores(out, eos_id, options.length_penalty, out.logits)
+    elif options.num_beams == 1:
         scores = _greedy_scores(out, eos_id, options.length_penalty)
     elif gnmt:
         log_probs, lengths = nbest_log_probs(out, options.length_penalty)
@@ -153,6 +167,50 @@ def generate_hypotheses(
             ]
         )
     return results
+
+
+#: Which decoder layer's cross-attention gives alignments, counted from the top: the penultimate
+#: layer (the last one in a one-layer decoder), whose attention aligns best (Garg et al., 2019).
+ALIGNMENT_LAYER_FROM_TOP = 2
+
+
+@torch.inference_mode()
+def hard_alignments(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    outputs: list[list[int]],
+    special_ids: set[int],
+) -> list[list[tuple[int, int]]]:
+    """Per sentence of a padded batch, the hard alignment of its output ``outputs`` (token ids, no start
+    token or ``</s>``): for each target token t, the pair ``(s, t)`` with s the source token that the
+    cross-attention of :data:`ALIGNMENT_LAYER_FROM_TOP`, averaged over its heads, weighs most at the step
+    that produced t (fairseq's ``extract_hard_alignment``). Indices count tokens from 0: source tokens as
+    the tokenizer split the sentence (special tokens such as ``</s>`` are never aligned to), target tokens
+    of the output. The attention is computed again with the output forced (teacher forcing)."""
+    if not any(outputs):
+        return [[] for _ in outputs]
+    start, pad = model.config.decoder_start_token_id, model.config.pad_token_id
+    width = 1 + max(len(ids) for ids in outputs)
+    decoder_input_ids = torch.tensor(
+        [[start, *ids] + [pad] * (width - 1 - len(ids)) for ids in outputs], device=input_ids.device
+    )  # right padding: a causal decoder's real positions never read it
+    result = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        decoder_input_ids=decoder_input_ids,
+        output_attentions=True,
+    )
+    layers = result.cross_attentions
+    cross = layers[max(len(layers) - ALIGNMENT_LAYER_FROM_TOP, 0)].float().mean(dim=1)  # (B, T, S)
+    special = torch.tensor(sorted(special_ids), device=input_ids.device)
+    alignable = attention_mask.bool() & ~torch.isin(input_ids, special)  # (B, S)
+    first = attention_mask.long().argmax(dim=1)  # the first real position (left padding)
+    best = cross.masked_fill(~alignable[:, None, :], -1.0).argmax(dim=-1)  # (B, T)
+    return [
+        [(int(best[row, t]) - int(first[row]), t) for t in range(len(ids))] if alignable[row].any() else []
+        for row, ids in enumerate(outputs)
+    ]
 
 
 def generate_ids(

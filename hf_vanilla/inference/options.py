@@ -63,7 +63,30 @@ class DecodingOptions:
         },
     )
 
+    do_sample: bool = field(
+        default=False,
+        metadata={
+            "help": "Sample each token from the model's distribution instead of searching (back-translation, "
+            "Edunov et al., 2018); the beam options do not apply. --nbest N: N samples per line."
+        },
+    )
+    top_k: int = field(
+        default=0, metadata={"help": "With --do_sample: draw from the k most likely tokens (0: all of them)."}
+    )
+    top_p: float = field(
+        default=1.0,
+        metadata={"help": "With --do_sample: draw from the smallest set of tokens holding this probability."},
+    )
+    temperature: float = field(
+        default=1.0, metadata={"help": "With --do_sample: divide the logits by this (below 1: sharper)."}
+    )
+    seed: int | None = field(
+        default=None,
+        metadata={"help": "With --do_sample: the random seed (same seed, input and batching: same samples)."},
+    )
+
     def __post_init__(self) -> None:
+        self._check_sampling()
         if self.early_stopping not in EARLY_STOPPING:
             raise ValueError(
                 f"`early_stopping` must be one of {sorted(EARLY_STOPPING)}, got {self.early_stopping!r}."
@@ -86,10 +109,48 @@ class DecodingOptions:
         if self.length_penalty_type == "gnmt" and self.num_beams < 2:
             raise ValueError("GNMT length-penalty rescoring needs an n-best list: use num_beams >= 2.")
 
+    def _check_sampling(self) -> None:
+        """Refuse sampling options without ``do_sample``, values outside their range, and beam-search
+        options given with ``do_sample``, naming the flags."""
+        refuse_non_finite({"top_p": self.top_p, "temperature": self.temperature})
+        shaping = {"top_k": 0, "top_p": 1.0, "temperature": 1.0, "seed": None}
+        given = [f"--{name}" for name, default in shaping.items() if getattr(self, name) != default]
+        if given and not self.do_sample:
+            raise ValueError(f"{', '.join(given)} shape(s) sampling: add --do_sample, or leave them out.")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"--top_k {self.top_k!r}: give 0 (all tokens) or a positive number of tokens.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(
+                f"--top_p {self.top_p}: give a probability above 0 and at most 1 (1: all tokens)."
+            )
+        if self.temperature <= 0.0:
+            raise ValueError(
+                f"--temperature {self.temperature}: give a positive number (1: the model's own)."
+            )
+        if not self.do_sample:
+            return
+        beam = {
+            "num_beams": (1, _PAPER["num_beams"]),
+            "length_penalty": (_PAPER["length_penalty"],),
+            "length_penalty_type": ("hf",),
+            "early_stopping": (_EARLY_STOPPING_NAMES[_PAPER["early_stopping"]],),
+        }
+        given = [f"--{name}" for name, allowed in beam.items() if getattr(self, name) not in allowed]
+        if given:
+            raise ValueError(
+                f"--do_sample draws one token at a time, without beam search: leave out {', '.join(given)} "
+                "(for several samples per line, use --nbest N)."
+            )
+
     def describe(self) -> str:
         """One line naming the decoding settings, for logs, result files and the model card: greedy
         decoding (``num_beams=1``) is named as such, without the beam-only length penalty and stopping rule."""
         length = f"max output length = input length + {_PAPER['max_length_offset']}"
+        if self.do_sample:
+            return (
+                f"sampling (top-k {self.top_k or 'all'}, top-p {self.top_p}, temperature {self.temperature}, "
+                f"seed {self.seed}), {length}"
+            )
         if self.num_beams == 1:
             return f"greedy (beam 1), {length}"
         if self.length_penalty_type == "gnmt":
@@ -107,10 +168,12 @@ class DecodingOptions:
 
 @dataclass
 class Hypothesis:
-    """One translation of a sentence; ``score`` is ``None`` unless an n-best list was asked for."""
+    """One translation of a sentence; ``score`` is ``None`` unless an n-best list was asked for;
+    ``alignment``: ``(source token, target token)`` index pairs where alignments were asked for."""
 
     text: str
     score: float | None = None
+    alignment: list[tuple[int, int]] | None = None
 
 
 def refuse_non_finite(options: dict[str, Any]) -> None:
@@ -121,15 +184,16 @@ def refuse_non_finite(options: dict[str, Any]) -> None:
         raise ValueError(f"`{bad[0]}` is {options[bad[0]]}, not a finite number: give an ordinary number.")
 
 
-def check_nbest(nbest: int | None, num_beams: int) -> None:
-    """Refuse an n-best list size below 1 or wider than the beam, naming the flag to change."""
+def check_nbest(nbest: int | None, num_beams: int, sampling: bool = False) -> None:
+    """Refuse an n-best list size below 1 or, unless ``sampling`` (N samples), wider than the beam,
+    naming the flag to change."""
     if nbest is None:
         return
     if nbest < 1:
         raise ValueError(
             f"--nbest {nbest}: give at least 1 (the number of translations per line), or leave it out."
         )
-    if nbest > num_beams:
+    if nbest > num_beams and not sampling:
         raise ValueError(f"--nbest {nbest} needs --num_beams >= {nbest} (now {num_beams}).")
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import itertools
 import logging
 import queue
 import sys
@@ -13,13 +15,24 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from hf_vanilla.data.text import text_lines
 from hf_vanilla.inference.options import DecodingOptions
-from hf_vanilla.inference.translation import InputTooLongError, format_nbest, translate_nbest
+from hf_vanilla.inference.translation import (
+    InputTooLongError,
+    TargetPrefixError,
+    format_nbest,
+    translate_nbest,
+)
 from hf_vanilla.io.atomic import atomic_file, full_disk_named, refuse_to_replace
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PAUSE_SECONDS", "check_input_file", "translate_stream"]
+__all__ = [
+    "PAUSE_SECONDS",
+    "check_alignment_file",
+    "check_input_file",
+    "check_prefix_file",
+    "translate_stream",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -27,18 +40,15 @@ logger = logging.getLogger(__name__)
 PAUSE_SECONDS = 0.1
 
 
-def check_input_file(source: str | Path) -> bool:
-    """Raise (one line) if the input file ``source`` is missing or a folder; return whether it is a
-    regular file (``False``: a pipe, such as bash's ``<(...)``, which can be read only once)."""
+def check_input_file(source: str | Path, flag: str = "--input_file") -> bool:
+    """Raise (one line, naming ``flag``) if the input file ``source`` is missing or a folder; return whether
+    it is a regular file (``False``: a pipe, such as bash's ``<(...)``, which can be read only once)."""
     path = Path(source)
     if not path.exists():
-        raise FileNotFoundError(
-            f"--input_file {str(source)!r} does not exist. Check the path, or pass - for stdin."
-        )
+        stdin = ", or pass - for stdin" if flag == "--input_file" else ""
+        raise FileNotFoundError(f"{flag} {str(source)!r} does not exist. Check the path{stdin}.")
     if path.is_dir():
-        raise IsADirectoryError(
-            f"--input_file {str(source)!r} is a folder; give a text file, one sentence a line."
-        )
+        raise IsADirectoryError(f"{flag} {str(source)!r} is a folder; give a text file, one sentence a line.")
     return path.is_file()
 
 
@@ -56,6 +66,9 @@ def translate_stream(
     nbest: int | None = None,
     max_tokens: int = 0,
     pause: float = PAUSE_SECONDS,
+    prefix_file: str | Path | None = None,
+    alignment_file: str | Path | None = None,
+    split_sentences: str | None = None,
 ) -> int:
     """Translate a file (or stdin when ``source`` is None or ``"-"``) line by line to a file (or stdout).
 
@@ -72,19 +85,36 @@ def translate_stream(
     so it is complete or absent (an old one stays as it was) — never partial. Without ``overwrite``, a
     file that appeared there meanwhile is not replaced either
     (:class:`~hf_vanilla.io.atomic.OutputAppearedError`). Returns the number of lines translated.
+
+    ``prefix_file`` (``--target_prefix_file``): a UTF-8 file of target prefixes, one per input line (a blank
+    line: none), read alongside the input; see :func:`translate_nbest`. A regular input file with another
+    number of lines is refused before anything is translated. With a sampling ``seed``, the buffer that
+    starts at input line L (from 0) is sampled with seed + L: a file gives the same samples each time.
+
+    ``alignment_file`` (``--alignment_file``): the hard alignment of each translation, one line per input
+    line (``SRC-TGT`` token index pairs, see :func:`~hf_vanilla.inference.decoding.hard_alignments`; a
+    blank line for a blank input or an empty translation), written like the output file: whole or not at
+    all, and an existing one only with ``overwrite``. Not with ``nbest``. ``split_sentences``: see
+    :func:`translate_nbest`.
     """
     if chunk_lines < 1:
         raise ValueError(f"--buffer_size must be at least 1 line, got {chunk_lines}.")
     from_stdin, to_stdout = source in (None, "-"), output in (None, "-")
     if not to_stdout:
         refuse_to_replace(output, overwrite, "--output_file", kind="file", inputs=[source])
+    if alignment_file is not None:
+        check_alignment_file(alignment_file, overwrite, nbest, [source, output, prefix_file])
     name = "<stdin>" if from_stdin else str(source)
     streamed = from_stdin or not check_input_file(source)  # read once, as it comes
+    prefix_name = str(prefix_file)
+    if prefix_file is not None:
+        check_prefix_file(prefix_file, source)
     if not streamed:
         with open(source, "rb") as handle:
             for _ in text_lines(handle, name):  # fail before hours of translation, not after
                 pass
     count = 0
+    seed = None if options is None else options.seed
     with contextlib.ExitStack() as stack:
         in_stream = _stdin_reader() if from_stdin else stack.enter_context(open(source, "rb"))
         if to_stdout:  # a file has its own (atomic_file)
@@ -92,18 +122,42 @@ def translate_stream(
                 full_disk_named("<stdout>", "what was written before the disk filled up stays")
             )
         out_stream = sys.stdout if to_stdout else stack.enter_context(atomic_file(output))
+        alignment_stream = (
+            None if alignment_file is None else stack.enter_context(atomic_file(alignment_file))
+        )
         lines = text_lines(in_stream, name)
         buffers = _buffers(lines, chunk_lines, pause) if streamed else _chunks(lines, chunk_lines)
+        prefix_lines = (
+            None
+            if prefix_file is None
+            else text_lines(stack.enter_context(open(prefix_file, "rb")), prefix_name)
+        )
         for chunk in buffers:
+            prefixes = None if prefix_lines is None else list(itertools.islice(prefix_lines, len(chunk)))
+            if prefixes is not None and len(prefixes) < len(chunk):
+                raise ValueError(
+                    f"--target_prefix_file {prefix_name!r} ends at line {count + len(prefixes)}, before the "
+                    f"input: give one prefix per input line (a blank line for none); no output was written."
+                )
+            if seed is not None:  # each buffer draws numbers of its own
+                options = dataclasses.replace(options, seed=seed + count)
             try:
                 translated = translate_nbest(
-                    model, tokenizer, chunk, options, batch_size, device, generate_kwargs, nbest, max_tokens
-                )
+                    model, tokenizer, chunk, options, batch_size, device, generate_kwargs, nbest, max_tokens,
+                    prefixes, alignment_stream is not None, split_sentences,
+                )  # fmt: skip
             except InputTooLongError as err:
                 raise InputTooLongError(
                     count + err.index, err.length, err.limit, f"{name}, line {count + err.index + 1}"
                 ) from None
+            except TargetPrefixError as err:
+                raise TargetPrefixError(
+                    count + err.index, err.reason, f"--target_prefix_file {prefix_name}"
+                ) from None
             for index, hypotheses in enumerate(translated, start=count):
+                if alignment_stream is not None:
+                    pairs = hypotheses[0].alignment if hypotheses else []
+                    alignment_stream.write(" ".join(f"{source}-{target}" for source, target in pairs) + "\n")
                 if nbest is None:
                     out_stream.write((hypotheses[0].text if hypotheses else "") + "\n")
                 else:
@@ -112,7 +166,39 @@ def translate_stream(
             count += len(chunk)
             if not to_stdout:  # progress: the file itself appears only when every line is translated
                 logger.info("Lines translated so far: %d (%s is written when all are)", count, output)
+        if prefix_lines is not None and next(prefix_lines, None) is not None:
+            raise ValueError(
+                f"--target_prefix_file {prefix_name!r} has more lines than the input ({count}): give one "
+                "prefix per input line; no output file was written."
+            )
     return count
+
+
+def check_alignment_file(
+    alignment_file: str | Path, overwrite: bool, nbest: int | None, inputs: list[str | Path | None]
+) -> None:
+    """Refuse (one line) an ``--alignment_file`` with ``--nbest``, or one that may not be written."""
+    if nbest is not None:
+        raise ValueError("--alignment_file aligns the one translation of each line: leave out --nbest.")
+    refuse_to_replace(alignment_file, overwrite, "--alignment_file", kind="file", inputs=inputs)
+
+
+def check_prefix_file(prefix_file: str | Path, source: str | Path | None) -> None:
+    """Refuse (one line) a missing ``--target_prefix_file``, and one whose line count is not that of a
+    regular input file ``source`` (stdin and pipes are checked while they are read)."""
+    if not check_input_file(prefix_file, "--target_prefix_file") or source in (None, "-"):
+        return
+    if not check_input_file(source):
+        return
+    counts = []
+    for path in (prefix_file, source):
+        with open(path, "rb") as handle:
+            counts.append(sum(1 for _ in text_lines(handle, str(path))))
+    if counts[0] != counts[1]:
+        raise ValueError(
+            f"--target_prefix_file {str(prefix_file)!r} has {counts[0]} line(s), --input_file {str(source)!r} "
+            f"has {counts[1]}: give one prefix per input line (a blank line for none)."
+        )
 
 
 def _stdin_reader() -> BinaryIO:

@@ -30,8 +30,9 @@ output length during inference to input length + 50, but terminate early when po
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -49,12 +50,14 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "InputTooLongError",
+    "TargetPrefixError",
     "TranslationOutOfMemoryError",
     "check_batching",
     "check_input_length",
     "format_nbest",
     "longest_input",
     "one_line",
+    "sentence_splitter",
     "translate",
     "translate_nbest",
 ]
@@ -165,6 +168,163 @@ def _within_the_bound(generate_kwargs: dict[str, Any], model: Any, longest: int)
     return {**generate_kwargs, "max_new_tokens": min(cap, longest + offset)}
 
 
+def _offset(model: Any, generate_kwargs: dict[str, Any]) -> int | None:
+    """The ``max_length_offset`` of the output length bound: the call's, else the model's (``None``: a
+    model without the per-sentence bound)."""
+    if isinstance(model, CTranslate2Model):
+        return model.max_length_offset
+    return generate_kwargs.get(
+        "max_length_offset", getattr(model.generation_config, "max_length_offset", None)
+    )
+
+
+def _length_bound(model: Any, generate_kwargs: dict[str, Any], length: int) -> int | None:
+    """The most output tokens (``</s>`` included) a sentence of ``length`` source tokens may get: its
+    length + ``max_length_offset``, or less under a ``max_new_tokens`` cap (``None``: no bound)."""
+    offset, cap = _offset(model, generate_kwargs), generate_kwargs.get("max_new_tokens")
+    bounds = [bound for bound in (None if offset is None else length + offset, cap) if bound is not None]
+    return min(bounds, default=None)
+
+
+class TargetPrefixError(ValueError):
+    """A target prefix that cannot be used; ``index`` is its place in the input, ``reason`` what to do."""
+
+    def __init__(self, index: int, reason: str, where: str = "--target_prefix_file") -> None:
+        self.index, self.reason = index, reason
+        super().__init__(f"{where}, line {index + 1}: {reason}")
+
+
+def _prefix_ids(
+    model: Any,
+    tokenizer: Any,
+    sentences: Sequence[str],
+    prefixes: Sequence[str] | None,
+    lengths: dict[int, int],
+    generate_kwargs: dict[str, Any],
+) -> dict[int, list[int]]:
+    """The target-prefix token ids of each sentence to translate (no special token; ``[]`` for a blank
+    prefix), checked: one prefix per sentence, none for a blank sentence, and each shorter than the
+    sentence's output length bound (room for ``</s>``)."""
+    if prefixes is None:
+        return {i: [] for i in lengths}
+    if len(prefixes) != len(sentences):
+        raise ValueError(
+            f"--target_prefix_file has {len(prefixes)} line(s) for {len(sentences)} input line(s): give one "
+            "prefix per input line (a blank line for none)."
+        )
+    for i, (sentence, prefix) in enumerate(zip(sentences, prefixes, strict=True)):
+        if prefix.strip() and not sentence.strip():
+            raise TargetPrefixError(
+                i,
+                "a prefix for a blank input line; leave that prefix line blank (a blank input line gives a "
+                "blank output line).",
+            )
+    ids = {
+        i: tokenizer(text_target=prefixes[i].strip(), add_special_tokens=False)["input_ids"]
+        if prefixes[i].strip()
+        else []
+        for i in lengths
+    }
+    for i, prefix in ids.items():
+        bound = _length_bound(model, generate_kwargs, lengths[i])
+        if bound is not None and len(prefix) >= bound:
+            raise TargetPrefixError(
+                i,
+                f"the prefix has {len(prefix)} tokens, but this line's output holds at most {bound - 1} "
+                "before </s> (input length + max_length_offset, or --max_length): shorten the prefix or "
+                "raise --max_length.",
+            )
+    return ids
+
+
+def _with_prefix(generate_kwargs: dict[str, Any], model: Any, prefix: int) -> dict[str, Any]:
+    """``generate_kwargs`` for a batch whose decoder prompt holds ``prefix`` forced tokens after the start
+    token: ``generate()`` bounds the tokens it adds after its prompt, so the bound and a
+    ``max_new_tokens`` cap are lowered by the prefix, and the whole output keeps the bound."""
+    if not prefix:
+        return generate_kwargs
+    kwargs = dict(generate_kwargs)
+    offset = _offset(model, generate_kwargs)
+    if offset is not None:  # a prefix beyond the offset: outputs are cut at their bound afterwards
+        kwargs["max_length_offset"] = max(offset - prefix, 0)
+    if "max_new_tokens" in kwargs:
+        kwargs["max_new_tokens"] -= prefix
+    return kwargs
+
+
+def sentence_splitter(language: str) -> Callable[[str], list[str]]:
+    """A function that splits a line into its sentences with pysbd (Sadvilkar and Neumann, 2020; rule
+    based, no model) for ``language`` (an ISO 639-1 code it knows: en, de, fr, ...), and returns pieces
+    that join back into the line: sentences at even places, the whitespace between them at odd ones."""
+    try:
+        import pysbd
+        from pysbd.languages import LANGUAGE_CODES
+    except ImportError as err:
+        raise ImportError(
+            "--split_sentences needs pysbd: pip install 'hf_vanilla[split]' (or pip install pysbd)."
+        ) from err
+    if language not in LANGUAGE_CODES:
+        raise ValueError(
+            f"--split_sentences {language!r}: pysbd splits {', '.join(sorted(LANGUAGE_CODES))}; give one of "
+            "these language codes."
+        )
+    segmenter = pysbd.Segmenter(language=language, clean=False)
+
+    def split(line: str) -> list[str]:
+        pieces, cursor = [], len(line) - len(line.lstrip())
+        for sentence in (piece.strip() for piece in segmenter.segment(line)):
+            start = line.find(sentence, cursor) if sentence else -1
+            if start < 0:  # not found as it is in the line: the line is not split
+                return [line.strip()]
+            if pieces:
+                pieces.append(line[cursor:start])
+            pieces.append(sentence)
+            cursor = start + len(sentence)
+        return pieces or [line.strip()]
+
+    return split
+
+
+def _translate_sentences(
+    split: Callable[[str], list[str]],
+    sentences: Sequence[str],
+    translate_lines: Callable[[list[str]], list[list[Hypothesis]]],
+) -> list[list[Hypothesis]]:
+    """Translate the sentences of each line with ``translate_lines`` and join their translations with the
+    whitespace that was between them: one hypothesis per line (none for a blank line)."""
+    pieces = [split(line) if line.strip() else [] for line in sentences]
+    flat = [sentence for line in pieces for sentence in line[::2]]
+    owners = [index for index, line in enumerate(pieces) for _ in line[::2]]
+    try:
+        translated = iter(translate_lines(flat))
+    except InputTooLongError as err:  # name the input line, not the sentence's place among all sentences
+        raise InputTooLongError(owners[err.index], err.length, err.limit, fix="Split it further.") from None
+    results: list[list[Hypothesis]] = []
+    for line in pieces:
+        joined = [
+            piece if k % 2 else (next(translated) or [Hypothesis("")])[0].text for k, piece in enumerate(line)
+        ]
+        results.append([Hypothesis("".join(joined))] if line else [])
+    return results
+
+
+@contextlib.contextmanager
+def _seeded(model: Any, device: Any, seed: int | None) -> Iterator[None]:
+    """Sampling with random numbers from ``seed`` (``None``: as they come): CTranslate2's generator is
+    seeded; torch's is seeded inside a fork of its state, which is restored afterwards."""
+    if seed is None:
+        yield
+    elif isinstance(model, CTranslate2Model):
+        model.seed(seed)
+        yield
+    else:
+        import torch
+
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            yield
+
+
 def translate_nbest(
     model: Any,
     tokenizer: Any,
@@ -175,6 +335,9 @@ def translate_nbest(
     generate_kwargs: dict[str, Any] | None = None,
     nbest: int | None = None,
     max_tokens: int = 0,
+    prefixes: Sequence[str] | str | None = None,
+    alignments: bool = False,
+    split_sentences: str | None = None,
 ) -> list[list[Hypothesis]] | list[Hypothesis]:
     """Translate ``sentences`` in batches; per sentence, in input order, its hypotheses: one without
     ``nbest`` (score ``None``), else the ``nbest`` best with scores, best first (see
@@ -186,22 +349,54 @@ def translate_nbest(
     most that many padded source tokens. A sentence longer than :func:`longest_input` raises
     :class:`InputTooLongError` before anything is translated; a batch that does not fit in memory
     :class:`TranslationOutOfMemoryError`.
+
+    ``prefixes`` (one per sentence; a blank one: none) are target prefixes: each translation starts with
+    its prefix's tokens (forced decoding) and the rest is decoded. The prefix counts in the output length
+    bound; scores count the decoded tokens after it. Sentences are batched with others of the same
+    prefix length (``generate()`` then needs no padding inside the decoder prompt).
+
+    ``alignments``: the best hypothesis of each sentence gets its hard alignment (see
+    :func:`~hf_vanilla.inference.decoding.hard_alignments`); the transformers backend only.
+
+    ``split_sentences`` (a language code, see :func:`sentence_splitter`): each line is split into its
+    sentences, they are translated, and each line's translations are joined with the whitespace that was
+    between its sentences (one hypothesis per line; not with ``nbest``, ``prefixes`` or ``alignments``).
     """
     if isinstance(sentences, str):  # one sentence, not a sequence of one-character sentences
         return translate_nbest(
-            model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, nbest, max_tokens
-        )[0]
+            model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, nbest, max_tokens,
+            None if prefixes is None else [prefixes], alignments, split_sentences,
+        )[0]  # fmt: skip
+    if split_sentences is not None:
+        given = [flag for flag, value in (("--nbest", nbest), ("--target_prefix_file", prefixes),
+                 ("--alignment_file", alignments or None)) if value is not None]  # fmt: skip
+        if given:
+            raise ValueError(
+                f"--split_sentences joins one translation per sentence back into its line: leave out {', '.join(given)}."
+            )
+        return _translate_sentences(
+            sentence_splitter(split_sentences),
+            sentences,
+            lambda pieces: translate_nbest(
+                model, tokenizer, pieces, options, batch_size, device, generate_kwargs, max_tokens=max_tokens
+            ),
+        )
     check_batching(batch_size, max_tokens)
     if tokenizer.pad_token_id is None:
         raise ValueError(
             "The tokenizer has no pad token: set tokenizer.pad_token (e.g. '<pad>') before translating."
         )
     options = options or DecodingOptions()
-    check_nbest(nbest, options.num_beams)
+    check_nbest(nbest, options.num_beams, options.do_sample)
     generate_kwargs = dict(generate_kwargs or {})
     refuse_non_finite({**asdict(options), **generate_kwargs})
     ct2 = isinstance(model, CTranslate2Model)
     check_tokenizer_matches_config(tokenizer, model.config)  # both backends: a CTranslate2Model has one too
+    if ct2 and alignments:
+        raise ValueError(
+            "--alignment_file needs --backend transformers: CTranslate2 returns the attention of the layer and "
+            "heads fixed when the model was exported, not the alignment layer used here."
+        )
     if ct2:
         unknown = sorted(set(generate_kwargs) - {"max_new_tokens"})
         if unknown:
@@ -209,7 +404,9 @@ def translate_nbest(
                 f"The ctranslate2 backend takes no generate() argument other than max_new_tokens: {unknown}."
             )
     else:  # torch, imported here: the CTranslate2 backend translates without it
-        from hf_vanilla.inference.decoding import generate_hypotheses
+        import torch
+
+        from hf_vanilla.inference.decoding import generate_hypotheses, hard_alignments
         from hf_vanilla.inference.loading import resolve_device
 
         device = resolve_device(device)
@@ -226,37 +423,67 @@ def translate_nbest(
     lengths = {i: len(row) for i, row in ids.items()}
     for i in todo:
         check_input_length(model, tokenizer, lengths[i], i)
+    prefix_ids = _prefix_ids(model, tokenizer, sentences, prefixes, lengths, generate_kwargs)
     order = sorted(todo, key=lambda i: lengths[i], reverse=True)
+    groups = sorted({len(prefix) for prefix in prefix_ids.values()})
     done = 0
-    for indices in _batches(order, lengths, batch_size, max_tokens):
-        try:
-            if ct2:
-                outputs = model.generate_hypotheses(
-                    tokenizer,
-                    [ids[i] for i in indices],
-                    options,
-                    nbest,
-                    generate_kwargs.get("max_new_tokens"),
-                )
-            else:
-                batch = tokenizer.pad({"input_ids": [ids[i] for i in indices]}, return_tensors="pt").to(
-                    device
-                )
-                kwargs = _within_the_bound(generate_kwargs, model, lengths[indices[0]])
-                outputs = generate_hypotheses(
-                    model, batch["input_ids"], batch["attention_mask"], options, nbest, **kwargs
-                )
-        except (MemoryError, RuntimeError) as error:  # torch's OutOfMemoryError is a RuntimeError
-            if not _out_of_memory(error):
-                raise
-            raise TranslationOutOfMemoryError(len(indices), lengths[indices[0]], options.num_beams) from error
-        for i, hypotheses in zip(indices, outputs, strict=True):
-            texts = tokenizer.batch_decode([row for row, _ in hypotheses], skip_special_tokens=True)
-            results[i] = [
-                Hypothesis(one_line(text), score) for text, (_, score) in zip(texts, hypotheses, strict=True)
-            ]
-        done += len(indices)
-        logger.debug("translated %d/%d sentences", done, len(order))
+    with _seeded(model, device, options.seed):
+        for indices in (
+            batch
+            for group in groups
+            for batch in _batches(
+                [i for i in order if len(prefix_ids[i]) == group], lengths, batch_size, max_tokens
+            )
+        ):
+            try:
+                if ct2:
+                    outputs = model.generate_hypotheses(
+                        tokenizer,
+                        [ids[i] for i in indices],
+                        options,
+                        nbest,
+                        generate_kwargs.get("max_new_tokens"),
+                        [prefix_ids[i] for i in indices] if prefixes is not None else None,
+                    )
+                else:
+                    batch = tokenizer.pad({"input_ids": [ids[i] for i in indices]}, return_tensors="pt").to(
+                        device
+                    )
+                    prefix = len(prefix_ids[indices[0]])
+                    kwargs = _with_prefix(
+                        _within_the_bound(generate_kwargs, model, lengths[indices[0]]), model, prefix
+                    )
+                    if prefix:
+                        start = model.config.decoder_start_token_id
+                        kwargs["decoder_input_ids"] = torch.tensor(
+                            [[start, *prefix_ids[i]] for i in indices], device=device
+                        )
+                    outputs = generate_hypotheses(
+                        model, batch["input_ids"], batch["attention_mask"], options, nbest, **kwargs
+                    )
+            except (MemoryError, RuntimeError) as error:  # torch's OutOfMemoryError is a RuntimeError
+                if not _out_of_memory(error):
+                    raise
+                raise TranslationOutOfMemoryError(
+                    len(indices), lengths[indices[0]], options.num_beams
+                ) from error
+            kept = {}
+            for i, hypotheses in zip(indices, outputs, strict=True):
+                bound = _length_bound(model, generate_kwargs, lengths[i]) if prefix_ids[i] else None
+                kept[i] = [row if bound is None else row[: bound - 1] for row, _ in hypotheses]
+                texts = tokenizer.batch_decode(kept[i], skip_special_tokens=True)
+                results[i] = [
+                    Hypothesis(one_line(text), score)
+                    for text, (_, score) in zip(texts, hypotheses, strict=True)
+                ]
+            if alignments:
+                best = [kept[i][0] for i in indices]
+                special = set(tokenizer.all_special_ids)
+                aligned = hard_alignments(model, batch["input_ids"], batch["attention_mask"], best, special)
+                for i, alignment in zip(indices, aligned, strict=True):
+                    results[i][0].alignment = alignment
+            done += len(indices)
+            logger.debug("translated %d/%d sentences", done, len(order))
     return results
 
 
@@ -269,6 +496,8 @@ def translate(
     device: str | torch.device | None = None,
     generate_kwargs: dict[str, Any] | None = None,
     max_tokens: int = 0,
+    prefixes: Sequence[str] | str | None = None,
+    split_sentences: str | None = None,
 ) -> list[str] | str:
     """Translate ``sentences`` in batches and return the translations in input order; a bare string is one
     sentence and gives one string.
@@ -281,15 +510,18 @@ def translate(
     further than the per-sentence input length + 50 bound, or ``max_length_offset``, which changes
     the 50). A tokenizer that does not belong to the model (another size or special-token ids) raises
     ``ValueError`` before anything is translated, as does a sentence longer than the model's longest
-    input (:class:`InputTooLongError`).
+    input (:class:`InputTooLongError`). ``prefixes``: target prefixes, one per sentence;
+    ``split_sentences``: a language code to split each line into sentences (see :func:`translate_nbest`).
     """
     if isinstance(sentences, str):
         return translate(
-            model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, max_tokens
-        )[0]
+            model, tokenizer, [sentences], options, batch_size, device, generate_kwargs, max_tokens,
+            None if prefixes is None else [prefixes], split_sentences,
+        )[0]  # fmt: skip
     hypotheses = translate_nbest(
-        model, tokenizer, sentences, options, batch_size, device, generate_kwargs, max_tokens=max_tokens
-    )
+        model, tokenizer, sentences, options, batch_size, device, generate_kwargs,
+        max_tokens=max_tokens, prefixes=prefixes, split_sentences=split_sentences,
+    )  # fmt: skip
     return [best[0].text if best else "" for best in hypotheses]
 
 

@@ -1,0 +1,313 @@
+"""hf-vanilla-translate's MT-toolkit decoding flags: target prefixes (forced decoding)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import tiny_model, word_tokenizer
+
+from hf_vanilla.hub.folder import save_model_folder
+from hf_vanilla.inference.decoding import DecodingOptions
+from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.inference.translation import TargetPrefixError, translate, translate_nbest
+
+GREEDY = DecodingOptions(num_beams=1)
+LINES = ["w4 w5", "", "w1 w2 w3", "w6 w7 w8 w9 w10", "w7"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model folder whose random model's outputs differ by input (larger tied embeddings)."""
+    model = tiny_model(seed=2)
+    with torch.no_grad():
+        model.model.shared.weight.mul_(3)
+    path = tmp_path_factory.mktemp("decoding_flags") / "model"
+    save_model_folder(model, word_tokenizer(), path)
+    return path
+
+
+def _load(folder: Path) -> tuple[object, object]:
+    args = InferenceModelArguments(model_name_or_path=str(folder), device="cpu")
+    return load_model_and_tokenizer(args, allow_ctranslate2=True)
+
+
+@pytest.mark.parametrize("options", [GREEDY, DecodingOptions(num_beams=3)], ids=["greedy", "beam"])
+def test_a_target_prefix_starts_the_output_and_the_rest_is_decoded(
+    folder: Path, options: DecodingOptions
+) -> None:
+    model, tokenizer = _load(folder)
+    plain = translate(model, tokenizer, LINES, options, batch_size=2)
+    prefixes = ["w90 w91", "", "", "w92", " "]  # prefixes of different lengths in one call; blank = none
+    forced = translate(model, tokenizer, LINES, options, batch_size=2, prefixes=prefixes)
+    assert forced[0].split()[:2] == ["w90", "w91"] and forced[3].split()[:1] == ["w92"]
+    assert forced[0] != plain[0] and forced[3] != plain[3]  # the rest is decoded after the prefix
+    assert forced[1:3] == plain[1:3] and forced[4] == plain[4]  # a blank prefix is no prefix
+    # Greedy decoding forced along its own output goes on as it would have: the prefix is decoded from,
+    # not just pasted in front (positions and cache follow it).
+    if options.num_beams == 1:
+        own = [" ".join(line.split()[:k]) for line, k in zip(plain, (3, 0, 0, 2, 1), strict=True)]
+        assert translate(model, tokenizer, LINES, options, prefixes=own) == plain
+    # The whole output (prefix included) keeps the length bound.
+    longest = translate(
+        model, tokenizer, ["w4"], options, prefixes=["w3 " * 40], generate_kwargs={"max_new_tokens": 45}
+    )
+    assert len(longest[0].split()) <= 44
+
+
+def test_target_prefixes_are_refused_in_one_line_naming_the_line(folder: Path) -> None:
+    model, tokenizer = _load(folder)
+    with pytest.raises(
+        TargetPrefixError, match=r"--target_prefix_file, line 1: the prefix has 5 tokens.*at most 4"
+    ):
+        translate_nbest(model, tokenizer, ["w4"], GREEDY, prefixes=["w1 w2 w3 w4 w5"],
+                        generate_kwargs={"max_new_tokens": 5})  # fmt: skip
+    with pytest.raises(TargetPrefixError, match="line 2: a prefix for a blank input line"):
+        translate(model, tokenizer, ["w4", ""], GREEDY, prefixes=["", "w1"])
+    with pytest.raises(ValueError, match="--target_prefix_file has 1 line"):
+        translate(model, tokenizer, ["w4", "w5"], GREEDY, prefixes=["w1"])
+
+
+def test_the_cli_reads_target_prefixes_and_refuses_a_misaligned_file(
+    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from hf_vanilla.cli.translate import main
+
+    (tmp_path / "in.txt").write_text("w4 w5\n\nw7\n")
+    (tmp_path / "prefix.txt").write_text("w90 w91\n\n\n")
+    base = ["--model_name_or_path", str(folder), "--num_beams", "1", "--input_file", str(tmp_path / "in.txt")]
+    assert (
+        main(
+            [
+                *base,
+                "--target_prefix_file",
+                str(tmp_path / "prefix.txt"),
+                "--output_file",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
+    out = (tmp_path / "out").read_text().splitlines()
+    assert len(out) == 3 and out[0].startswith("w90 w91") and out[1] == ""
+    capsys.readouterr()
+    (tmp_path / "short.txt").write_text("w90\n")
+    assert (
+        main(
+            [
+                *base,
+                "--target_prefix_file",
+                str(tmp_path / "short.txt"),
+                "--output_file",
+                str(tmp_path / "o2"),
+            ]
+        )
+        == 1
+    )
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --target_prefix_file") and "has 1 line(s)" in err and "\n" not in err
+    assert not (tmp_path / "o2").exists()
+    (tmp_path / "long.txt").write_text("\n\n" + "w1 " * 60 + "\n")
+    assert (
+        main(
+            [*base, "--target_prefix_file", str(tmp_path / "long.txt"), "--output_file", str(tmp_path / "o3")]
+        )
+        == 1
+    )
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the loading bar
+    assert err.startswith(
+        f"error: --target_prefix_file {tmp_path / 'long.txt'}, line 3: the prefix has 60 tokens"
+    )
+
+
+def test_both_backends_force_the_same_greedy_prefixes(folder: Path) -> None:
+    pytest.importorskip("ctranslate2")
+    from hf_vanilla.interop.export_ctranslate2 import export_ctranslate2
+
+    ct2 = export_ctranslate2(folder, folder.parent / "ct2")
+    prefixes = ["w90 w91", "", "w3", "w92", ""]
+    outputs = [translate(*_load(path), LINES, GREEDY, prefixes=prefixes) for path in (folder, Path(ct2))]
+    assert outputs[0] == outputs[1] and outputs[0][0].startswith("w90 w91")
+    with pytest.raises(ValueError, match=r"^--alignment_file needs --backend transformers: CTranslate2"):
+        translate_nbest(*_load(Path(ct2)), LINES, GREEDY, alignments=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sampling
+# --------------------------------------------------------------------------------------------------
+def _sampling(**options: object) -> DecodingOptions:
+    return DecodingOptions(do_sample=True, **options)
+
+
+@pytest.mark.parametrize("backend", ["transformers", "ctranslate2"])
+def test_sampling_is_reproducible_by_seed_and_top_k_1_is_greedy(folder: Path, backend: str) -> None:
+    path = folder
+    if backend == "ctranslate2":
+        pytest.importorskip("ctranslate2")
+        from hf_vanilla.interop.export_ctranslate2 import export_ctranslate2
+
+        path = folder.parent / "ct2"
+        if not path.exists():
+            export_ctranslate2(folder, path)
+    model, tokenizer = _load(path)
+    lines = [*LINES, *[f"w{i} w{i + 1} w{i + 2}" for i in range(11, 40, 3)]]
+    sample = {
+        seed: translate(model, tokenizer, lines, _sampling(seed=seed, temperature=2.0)) for seed in (1, 2)
+    }
+    assert translate(model, tokenizer, lines, _sampling(seed=1, temperature=2.0)) == sample[1]
+    assert sample[1] != sample[2]
+    greedy = translate(model, tokenizer, lines, GREEDY)
+    assert sample[1] != greedy
+    assert translate(model, tokenizer, lines, _sampling(top_k=1, temperature=2.0, seed=3)) == greedy
+    # --nbest N with sampling: N samples per line (more than the beam), best first
+    samples = translate_nbest(model, tokenizer, lines[:1], _sampling(seed=1, temperature=2.0), nbest=6)[0]
+    assert len(samples) == 6 and len({h.text for h in samples}) > 1
+    assert [h.score for h in samples] == sorted((h.score for h in samples), reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--top_k", "5"], "error: --top_k shape(s) sampling: add --do_sample, or leave them out."),
+        (["--seed", "1", "--temperature", "0.5"], "error: --temperature, --seed shape(s) sampling: add --do_sample"),
+        (["--do_sample", "--length_penalty", "1.0"], "error: --do_sample draws one token at a time, without beam "
+         "search: leave out --length_penalty (for several samples per line, use --nbest N)."),
+        (["--do_sample", "--num_beams", "8", "--length_penalty_type", "gnmt"], "error: --do_sample draws one token "
+         "at a time, without beam search: leave out --num_beams, --length_penalty_type"),
+        (["--do_sample", "--top_p", "0"], "error: --top_p 0.0: give a probability above 0 and at most 1"),
+        (["--do_sample", "--temperature", "0"], "error: --temperature 0.0: give a positive number"),
+        (["--do_sample", "--top_k", "-1"], "error: --top_k -1: give 0 (all tokens)"),
+    ],
+)  # fmt: skip
+def test_the_cli_refuses_sampling_flags_that_do_not_fit_in_one_line(
+    folder: Path, capsys: pytest.CaptureFixture, flags: list[str], message: str
+) -> None:
+    from hf_vanilla.cli.translate import main
+
+    assert main(["--model_name_or_path", str(folder), *flags]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(message) and "\n" not in err
+
+
+def test_the_cli_samples_several_translations_per_line(folder: Path, tmp_path: Path) -> None:
+    from hf_vanilla.cli.translate import main
+
+    (tmp_path / "in.txt").write_text("w4 w5\n\nw7\n")
+    args = ["--model_name_or_path", str(folder), "--input_file", str(tmp_path / "in.txt"), "--do_sample"]
+    for name in ("a", "b"):
+        assert main([*args, "--seed", "7", "--nbest", "5", "--output_file", str(tmp_path / name)]) == 0
+    rows = [line.split("\t") for line in (tmp_path / "a").read_text().splitlines()]
+    assert [row[0] for row in rows] == ["0"] * 5 + ["1"] + ["2"] * 5
+    assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text()
+
+
+# --------------------------------------------------------------------------------------------------
+# Alignments
+# --------------------------------------------------------------------------------------------------
+class _KnownAttention(torch.nn.Module):
+    """A stand-in model whose cross-attention is given: (layers, B, heads, T, S)."""
+
+    def __init__(self, cross: torch.Tensor) -> None:
+        super().__init__()
+        self.cross = cross
+        self.config = type("Config", (), {"decoder_start_token_id": 1, "pad_token_id": 0})()
+
+    def forward(self, decoder_input_ids: torch.Tensor, **_: object) -> object:
+        assert decoder_input_ids[:, 0].eq(1).all()  # the start token, then the forced output
+        return type("Output", (), {"cross_attentions": tuple(self.cross)})()
+
+
+def test_a_hard_alignment_follows_the_penultimate_layer_averaged_over_heads() -> None:
+    from hf_vanilla.inference.decoding import hard_alignments
+
+    # Sentence 0: source "a b c </s>" (right), sentence 1: "<pad> d e </s>" (left padding).
+    input_ids = torch.tensor([[5, 6, 7, 2], [0, 8, 9, 2]])
+    attention_mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    cross = torch.zeros(3, 2, 2, 3, 4)  # 3 layers, 2 sentences, 2 heads, 3 target steps, 4 source places
+    cross[2] = 1.0  # the last layer would give other answers
+    # Penultimate layer: heads disagree, and their mean decides; </s> and padding are never chosen.
+    cross[1, 0, 0, :, :] = torch.tensor([[0.0, 0.1, 0.5, 0.0], [0.6, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.9]])
+    cross[1, 0, 1, :, :] = torch.tensor([[0.0, 0.8, 0.0, 0.0], [0.0, 0.0, 0.1, 0.0], [0.0, 0.0, 0.2, 0.9]])
+    cross[1, 1, :, :, :] = torch.tensor([[0.9, 0.0, 0.1, 0.0], [0.0, 0.3, 0.1, 0.6], [0.0, 0.0, 0.0, 0.0]])
+    aligned = hard_alignments(
+        _KnownAttention(cross), input_ids, attention_mask, [[10, 11, 12], [13, 14]], {0, 1, 2}
+    )
+    assert aligned == [[(1, 0), (0, 1), (2, 2)], [(1, 0), (0, 1)]]
+
+
+def test_the_cli_writes_one_alignment_line_per_input_line(
+    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from hf_vanilla.cli.translate import main
+
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in LINES))
+    args = ["--model_name_or_path", str(folder), "--input_file", str(tmp_path / "in.txt")]
+    out, align = tmp_path / "out.txt", tmp_path / "align.txt"
+    assert main([*args, "--output_file", str(out), "--alignment_file", str(align)]) == 0
+    translations, alignments = out.read_text().splitlines(), align.read_text().splitlines()
+    assert len(alignments) == len(LINES) and alignments[1] == ""
+    tokenizer = word_tokenizer()
+    for line, translation, alignment in zip(LINES, translations, alignments, strict=True):
+        pairs = [tuple(map(int, pair.split("-"))) for pair in alignment.split()]
+        assert [target for _, target in pairs] == list(range(len(tokenizer.tokenize(translation))))
+        assert all(0 <= source < len(line.split()) for source, _ in pairs)  # never </s>
+    assert any(alignments)
+    capsys.readouterr()
+    assert main([*args, "--output_file", str(tmp_path / "o2"), "--alignment_file", str(align)]) == 1
+    assert "--alignment_file" in capsys.readouterr().err  # an existing file is kept
+    assert main([*args, "--nbest", "2", "--alignment_file", str(tmp_path / "a2")]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "error: --alignment_file aligns the one translation of each line: leave out --nbest."
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Sentence splitting
+# --------------------------------------------------------------------------------------------------
+def test_split_sentences_translates_each_sentence_and_keeps_the_whitespace_between(folder: Path) -> None:
+    pytest.importorskip("pysbd")
+    model, tokenizer = _load(folder)
+    lines = ["w4 w5. w7!  w6 w7 w8?", "", "w9 w10"]
+    sentences = ["w4 w5.", "w7!", "w6 w7 w8?", "w9 w10"]
+    alone = translate(model, tokenizer, sentences, GREEDY)
+    split = translate(model, tokenizer, lines, GREEDY, split_sentences="en")
+    assert split == [f"{alone[0]} {alone[1]}  {alone[2]}", "", alone[3]]
+    assert split[0] != translate(model, tokenizer, lines[0], GREEDY)  # the line was not translated whole
+
+
+def test_split_sentences_is_refused_in_one_line_where_it_cannot_work(
+    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hf_vanilla.cli.translate import main
+
+    pytest.importorskip("pysbd")
+    (tmp_path / "in.txt").write_text("w4. w5\n")
+    args = ["--model_name_or_path", str(folder), "--input_file", str(tmp_path / "in.txt")]
+    assert main([*args, "--split_sentences", "en", "--nbest", "2"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --split_sentences joins one translation per sentence back into its line: leave out --nbest."
+    )
+    assert main([*args, "--split_sentences", "xx"]) == 1
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith("error: --split_sentences 'xx': pysbd splits am, ar")
+    )
+    monkeypatch.setitem(sys.modules, "pysbd", None)  # not installed
+    assert main([*args, "--split_sentences", "en"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --split_sentences needs pysbd: pip install 'hf_vanilla[split]' (or pip install pysbd)."
+    )
+
+
+def test_a_sentence_too_long_is_named_by_its_input_line(folder: Path) -> None:
+    pytest.importorskip("pysbd")
+    from hf_vanilla.inference.translation import InputTooLongError
+
+    model, tokenizer = _load(folder)
+    long = " ".join(f"w{i}" for i in range(70))
+    with pytest.raises(InputTooLongError, match=r"^sentence 3: 71 tokens"):
+        translate(model, tokenizer, ["w1. w2.", "", f"w3. {long}."], GREEDY, split_sentences="en")
