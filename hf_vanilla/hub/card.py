@@ -295,6 +295,12 @@ def load_results(
             )
         if results[0].get(key) is None:
             raise ValueError(f"{paths[0]} has no {key!r}: write it with hf-vanilla-evaluate.")
+    if results[0]["decoding"].get("do_sample"):
+        raise ValueError(
+            f"{paths[0]} scored sampled translations (--do_sample): a card's scores, and the generation config "
+            "published with them, are those of beam or greedy search. Evaluate again without --do_sample, and "
+            "publish those results."
+        )
     return results
 
 

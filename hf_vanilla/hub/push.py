@@ -148,7 +148,7 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
         decoding = results[0]["decoding"]
         model.generation_config.num_beams = decoding["num_beams"]
         model.generation_config.length_penalty = decoding["length_penalty"]
-        if "early_stopping" in decoding:  # results written before issue 12 do not name it
+        if "early_stopping" in decoding:  # results written by older versions do not name it
             model.generation_config.early_stopping = EARLY_STOPPING[decoding["early_stopping"]]
         source_lang, target_lang = results[0]["source_lang"], results[0]["target_lang"]
         record = read_training_record(model_dir) if model_dir else None

@@ -25,7 +25,7 @@ from hf_vanilla.cli.average_checkpoints import main as average_main
 from hf_vanilla.cli.evaluate_bleu import main as evaluate_main
 from hf_vanilla.cli.publish import main as publish_main
 from hf_vanilla.io.checksums import weights_fingerprint, write_checksums
-from hf_vanilla.io.safe_loading import checkpoint_folders
+from hf_vanilla.io.safe_loading import checkpoint_folders, load_pretrained_checked
 
 
 @pytest.fixture
@@ -108,6 +108,25 @@ def test_results_that_do_not_name_the_weights_they_scored_are_not_published(
             "--output_dir", str(tmp_path / "hub")]  # fmt: skip
     assert publish_main(argv) == 1
     assert "does not record which weights it scored" in _error_line(capsys)
+    assert not (tmp_path / "hub").exists()
+
+
+def test_scores_of_sampled_translations_are_not_published(
+    model_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A card's scores and the generation config published with them are one decoding: sampled
+    translations (hf-vanilla-evaluate --do_sample) would publish as beam search, so they are refused."""
+    model = load_pretrained_checked(model_folder)
+    results, path = evaluation.evaluate_split_into(
+        tmp_path / "eval", model, word_tokenizer(), ["w1 w2"], ["w2 w1"], split="validation", source_lang="en",
+        target_lang="de", model_name=str(model_folder), dataset_name="pairs", device="cpu",
+    )  # fmt: skip
+    results["decoding"]["do_sample"] = True  # as --do_sample records it
+    path.write_text(json.dumps(results), encoding="utf-8")
+    argv = ["--model_name_or_path", str(model_folder), "--results_files", str(path), *CARD_ARGS,
+                    "--output_dir", str(tmp_path / "hub")]  # fmt: skip
+    assert publish_main(argv) == 1
+    assert "scored sampled translations (--do_sample)" in _error_line(capsys)
     assert not (tmp_path / "hub").exists()
 
 
