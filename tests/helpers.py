@@ -143,6 +143,18 @@ def sources(seed: int, sentences: int = 12) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
+def varied_model_folder(path: Path) -> Path:
+    """A tiny model folder at ``path`` whose random model's outputs differ by input (larger tied
+    embeddings), with :func:`word_tokenizer`'s tokenizer."""
+    from hf_vanilla.hub.folder import save_model_folder
+
+    model = tiny_model(seed=2)
+    with torch.no_grad():
+        model.model.shared.weight.mul_(3)
+    save_model_folder(model, word_tokenizer(), path)
+    return path
+
+
 def word_tokenizer(words: int = 96) -> PreTrainedTokenizerFast:
     """conftest's tokenizer (<pad> 0, <s> 1, </s> 2, <unk> 3, then w0 w1 ...), with ``words`` words."""
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i + 4 for i in range(words)}}

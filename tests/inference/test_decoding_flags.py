@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_model, word_tokenizer
+from helpers import varied_model_folder, word_tokenizer
 
-from hf_vanilla.hub.folder import save_model_folder
 from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
 from hf_vanilla.inference.translation import TargetPrefixError, translate, translate_nbest
@@ -21,12 +20,7 @@ LINES = ["w4 w5", "", "w1 w2 w3", "w6 w7 w8 w9 w10", "w7"]
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny model folder whose random model's outputs differ by input (larger tied embeddings)."""
-    model = tiny_model(seed=2)
-    with torch.no_grad():
-        model.model.shared.weight.mul_(3)
-    path = tmp_path_factory.mktemp("decoding_flags") / "model"
-    save_model_folder(model, word_tokenizer(), path)
-    return path
+    return varied_model_folder(tmp_path_factory.mktemp("decoding_flags") / "model")
 
 
 def _load(folder: Path) -> tuple[object, object]:
