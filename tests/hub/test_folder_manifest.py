@@ -138,6 +138,21 @@ def test_a_folder_without_a_manifest_loads_as_before(tmp_path: Path) -> None:
     load_tokenizer(tmp_path / "stock")
 
 
+def test_a_folder_saved_over_on_purpose_says_how_to_load_it(tmp_path: Path) -> None:
+    """A stock ``save_pretrained`` over a folder hf_vanilla wrote leaves the old manifest behind: the
+    refusal says which files to delete when that was on purpose, and the folder then loads."""
+    folder = _model_folder(tmp_path)
+    tiny_model(seed=5, vocab_size=len(word_tokenizer())).save_pretrained(folder)  # writes no manifest
+    with pytest.raises(
+        CheckpointError, match=r"delete its checksums\.sha256 and architecture\.json"
+    ) as refused:
+        load_model(folder)
+    assert "model.safetensors' is damaged" in str(refused.value)
+    (folder / "checksums.sha256").unlink()
+    (folder / "architecture.json").unlink()
+    assert load_model(folder).config.d_model == tiny_model().config.d_model
+
+
 def test_a_damaged_tensor_name_is_damage_not_a_config_edit(tmp_path: Path) -> None:
     folder = _model_folder(tmp_path)
     weights = folder / "model.safetensors"
