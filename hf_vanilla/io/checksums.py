@@ -5,7 +5,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
-import re
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -118,17 +117,6 @@ def verify_checksums(folder: str | Path, patterns: Sequence[str] | None = None) 
         if _sha256(path) != digest:
             raise CorruptCheckpointError(
                 f"{str(path)!r} is damaged: its sha256 differs from the one recorded in {CHECKSUMS_NAME} when the "
-                f"folder was saved.{restore_hint(path)}{_saved_over_hint(path)}"
+                f"folder was saved.{restore_hint(path, saved_over=True)}"
             )
     return True
-
-
-def _saved_over_hint(path: Path) -> str:
-    """For a model folder (not a Trainer checkpoint): what to do when the files were replaced on purpose,
-    by a ``save_pretrained`` that writes no manifest."""
-    if re.fullmatch(r"checkpoint-\d+", path.parent.name):
-        return ""
-    return (
-        f" If you saved into {str(path.parent)!r} on purpose (a save_pretrained over it), delete its "
-        f"{CHECKSUMS_NAME} and architecture.json: the folder then loads without them."
-    )

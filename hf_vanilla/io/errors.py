@@ -58,12 +58,20 @@ def damaged_file_hint(path: Path) -> str:
     )
 
 
-def restore_hint(path: Path) -> str:
+def restore_hint(path: Path, *, saved_over: bool = False) -> str:
     """What to do about a damaged file of ``path.parent``: a training checkpoint (``checkpoint-<step>``) is
-    replaced by an earlier one (:func:`damaged_file_hint`), any other folder by a good copy."""
+    replaced by an earlier one (:func:`damaged_file_hint`), any other folder by a good copy. With
+    ``saved_over`` (the file's bytes differ from the folder's manifest), a model folder's hint also says how
+    to load it when a ``save_pretrained``, which writes no manifest, replaced the file on purpose."""
     if re.fullmatch(r"checkpoint-\d+", path.parent.name):
         return damaged_file_hint(path)
-    return (
+    hint = (
         f" The file was damaged on disk or in a copy, or changed since: copy {str(path.parent)!r} again from "
         "where it came from, or write it again with the command that wrote it."
     )
+    if saved_over:
+        hint += (
+            f" If you saved into {str(path.parent)!r} on purpose (a save_pretrained over it), delete its "
+            "checksums.sha256 and architecture.json: the folder then loads without them."
+        )
+    return hint
