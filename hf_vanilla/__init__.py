@@ -14,15 +14,12 @@ that range and the fix.
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.metadata
-import re
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -33,23 +30,19 @@ _MODELS = "hf_vanilla.models.vanilla_transformer"
 
 def _check_transformers() -> None:
     """Run the model code's check of the installed transformers release. The supported range and its test live
-    in the configuration file, which imports transformers; they are read from its source, so that the
-    import stays light."""
-    path = Path(__file__).parent / "models" / "vanilla_transformer" / "configuration_vanilla_transformer.py"
-    wanted = {"TRANSFORMERS_REQUIREMENT", "check_transformers_version"}
-    nodes = [
-        node
-        for node in ast.parse(path.read_text(encoding="utf-8")).body
-        if (isinstance(node, ast.FunctionDef) and node.name in wanted)
-        or (isinstance(node, ast.Assign) and {getattr(t, "id", None) for t in node.targets} & wanted)
-    ]
-    namespace: dict[str, Any] = {"re": re}
-    exec(compile(ast.Module(nodes, type_ignores=[]), str(path), "exec"), namespace)
+    in the configuration file, which imports transformers; they are read from its source
+    (:func:`hf_vanilla.models.model_file_definitions`), so that the import stays light."""
+    from hf_vanilla.models import model_file_definitions
+
+    check = model_file_definitions(
+        "configuration_vanilla_transformer.py",
+        frozenset({"TRANSFORMERS_REQUIREMENT", "check_transformers_version"}),
+    )["check_transformers_version"]
     try:
         version = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
         version = "(not installed)"
-    namespace["check_transformers_version"](version)
+    check(version)
 
 
 _check_transformers()
