@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import marian, save_with_side_files
 from transformers import dynamic_module_utils
 
 from hf_vanilla.hub.folder import save_model_folder
@@ -143,10 +144,18 @@ def docs_workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model, tokeniz
             del sys.modules[name]
 
 
+#: The OPUS-MT model the README converts. The Hub is offline in tests, so a tiny random Marian model with a
+#: tokenizer and a license stands in for it, saved in the working directory under the Hub id's name (a local
+#: folder is taken before the Hub), and the snippet runs as written.
+OPUS_MT = "Helsinki-NLP/opus-mt-de-en"
+
+
 @pytest.mark.parametrize("snippet", ALL_SNIPPETS, ids=[snippet.id for snippet in ALL_SNIPPETS])
-def test_python_snippet_runs(snippet: Snippet, docs_workdir: Path) -> None:
+def test_python_snippet_runs(snippet: Snippet, docs_workdir: Path, tokenizer) -> None:
     if snippet.skip:
         pytest.skip(f"{snippet.id}: {snippet.skip}")
+    if OPUS_MT in snippet.code:
+        save_with_side_files(marian(), docs_workdir / OPUS_MT, tokenizer)
     namespace = {"__name__": "__main__"}
     exec(compile(snippet.code, snippet.id, "exec"), namespace)  # the repository's own documentation
 
@@ -181,20 +190,40 @@ def test_every_page_is_linked_from_the_readme() -> None:
     assert not [page.name for page in PAGES[1:] if page not in linked]
 
 
-def test_ci_runs_exactly_the_readmes_test_command() -> None:
-    """README: two set-up commands, the second the tests; `.ci/run` activates the same virtualenv and runs
-    the rest of that line verbatim."""
+def readme_section(heading: str) -> str:
+    """The text of README.md's ``## heading`` section, up to the next ``## `` heading."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    setup = readme.split("## Set-up: two commands", 1)[1].split("\n## ", 1)[0]
-    commands = [code.splitlines()[-1] for language, _, code, _ in fenced_blocks(setup) if language == "bash"]
-    assert len(commands) == 2, commands
-    install, test = commands
-    assert install.endswith("&& python -m hf_vanilla.demo") and 'pip install -e ".[dev]"' in install
-    activate = ". .venv/bin/activate && "
-    assert test.startswith(activate) and "python -m pytest" in test
+    return readme.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def bash_commands(section: str) -> list[str]:
+    """The last line of each bash block of a README section (the line the reader copies)."""
+    return [code.splitlines()[-1] for language, _, code, _ in fenced_blocks(section) if language == "bash"]
+
+
+ACTIVATE = ". .venv/bin/activate && "
+
+
+def test_readme_installs_for_use_first_and_for_tests_in_contribute() -> None:
+    """README command 1 (under Use) installs the `train` extra, the smallest that runs the demo, and runs
+    the demo; command 2 (under Contribute) installs the dev extras itself and then runs the tests."""
+    install = next(command for command in bash_commands(readme_section("Use")) if "pip install" in command)
+    assert install.startswith("python3 -m venv .venv && " + ACTIVATE)
+    assert install.endswith('&& pip install -e ".[train]" && python -m hf_vanilla.demo'), install
+    [test] = bash_commands(readme_section("Contribute"))
+    assert test.startswith(ACTIVATE + 'pip install -e ".[dev]" && ') and "python -m pytest" in test
+
+
+def test_ci_runs_exactly_the_readmes_test_command() -> None:
+    """`.ci/run` activates the same virtualenv, installs the dev extras, and runs the rest of README
+    command 2 verbatim."""
+    [test] = bash_commands(readme_section("Contribute"))
+    install_dev = 'pip install -e ".[dev]" && '
+    tests = test.removeprefix(ACTIVATE).removeprefix(install_dev)
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    assert test.removeprefix(activate) in ci
-    assert ci.index(". .venv/bin/activate") < ci.index(test.removeprefix(activate))
+    assert tests in ci
+    installs = [number for number, line in enumerate(ci) if line.endswith('-e ".[dev]"')]
+    assert ci.index(". .venv/bin/activate") < installs[0] < ci.index(tests)
 
 
 @pytest.mark.parametrize("translation", TRANSLATIONS, ids=[page.name for page in TRANSLATIONS])
@@ -255,3 +284,62 @@ def test_walkthrough_pictures_are_committed_small_and_all_shown() -> None:
     for name in committed:
         data = (WALKTHROUGH.parent / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 100_000, (name, len(data))
+
+
+#: Pages that must read in one pass: no sentence over this many words.
+ONE_PASS_PAGES = [ROOT / "README.md", ROOT / "docs" / "paper.md"]
+LONGEST_SENTENCE = 40
+
+
+def sentences(markdown: str) -> list[str]:
+    """The prose sentences of a page: code blocks, tables and headings left out; a paragraph or a list
+    item ends a sentence, as does ``.``, ``!`` or ``?`` before a space."""
+    text = re.sub(r"^```.*?^```", "", markdown, flags=re.DOTALL | re.MULTILINE)
+    found = []
+    for paragraph in re.split(r"\n\s*\n|\n(?=\s*(?:[-*] |\d+\. ))", text):
+        lines = [line for line in paragraph.splitlines() if not line.lstrip().startswith(("|", "#", "<!--"))]
+        found += [s.strip() for s in re.split(r"(?<=[.!?])\s+", " ".join(lines)) if s.strip()]
+    return found
+
+
+def test_sentences_are_counted_by_paragraph_and_full_stop() -> None:
+    page = (
+        "# Title\n\nOne two. Three four five!\n- a list item\n- another\n\n| a | b |\n\n```\nx = 1. y\n```\n"
+    )
+    assert sentences(page) == ["One two.", "Three four five!", "- a list item", "- another"]
+
+
+@pytest.mark.parametrize("page", ONE_PASS_PAGES, ids=[page.name for page in ONE_PASS_PAGES])
+def test_a_page_reads_in_one_pass(page: Path) -> None:
+    long = [s for s in sentences(page.read_text(encoding="utf-8")) if len(s.split()) > LONGEST_SENTENCE]
+    assert not long, long
+
+
+def test_readme_results_state_one_short_claim_per_row() -> None:
+    """Each row of README's Results table is one claim of at most 30 words, linking to a docs page."""
+    rows = [line for line in readme_section("Results").splitlines() if line.startswith("| ")][1:]
+    assert len(rows) >= 5
+    for row in rows:
+        claim, where = (cell.strip() for cell in row.strip("|").split("|"))
+        assert len(claim.split()) <= 30 and claim.count(". ") == 0 and claim.endswith("."), claim
+        assert re.search(r"\]\(docs/[^)#]+\.md#[^)]+\)", where), where
+
+
+#: Every page a reader opens: the README, the docs and the benchmarks' pages and code.
+READER_FILES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted(path for path in (ROOT / "benchmarks").rglob("*") if path.suffix in {".md", ".py"}),
+]
+
+
+def test_no_issue_numbers_in_docs_or_benchmarks() -> None:
+    """Say what, not which issue: a reader cannot follow an issue number."""
+    pattern = re.compile(r"\bissues? \d+|(?<![\w&/])#\d+\b", re.IGNORECASE)
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in READER_FILES
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, found
