@@ -12,7 +12,7 @@ USED_FROM_OUTSIDE: dict[str, str] = {
     "frame": "signal handler signature (signum, frame)",
     # Public API that users, tests and benchmarks call.
     "padding_report": "hf_vanilla.data.batching: a batch plan's padding, for users",
-    "read_parallel_text": "hf_vanilla.data.loading: benchmarks/bench_workloads.py, users",
+    "read_parallel_text": "hf_vanilla.data.loading: benchmarks/common/workloads.py, users",
     "read_split_files": "hf_vanilla.data.loading: a split's pairs as lists, for users",
     "disabled": "fast_paths.disabled(): run the model on stock operators",
     "resize_decoder_token_embeddings": "MarianMTModel's API for separate vocabularies",

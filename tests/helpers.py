@@ -123,7 +123,7 @@ def copy_task(generator: torch.Generator, rows: int) -> tuple[torch.Tensor, torc
 
 def ending_model(seed: int) -> VanillaTransformerForConditionalGeneration:
     """A tiny random model whose hypotheses end at lengths from 1 to the bound (peaked distributions,
-    a fixed logit bias on </s>), as a trained model's do (benchmarks/early_stopping.py)."""
+    a fixed logit bias on </s>), as a trained model's do (benchmarks/experiments/early_stopping.py)."""
     model = tiny_model(seed, init_std=0.5, final_logits_bias=True)
     with torch.no_grad():
         model.final_logits_bias[0, model.config.eos_token_id] = 6.0

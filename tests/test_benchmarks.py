@@ -1,5 +1,6 @@
-"""The benchmark scripts still run end to end (tiny size: plumbing, not speed). Their numbers are in
-benchmarks/RESULTS.md; these tests only keep the scripts from rotting between measuring rounds."""
+"""The benchmarks still run end to end (tiny size: plumbing, not speed), and benchmarks/RESULTS.md is what
+their JSON gives. The numbers are in benchmarks/RESULTS.md; these tests only keep the code from rotting
+between measuring rounds."""
 
 from __future__ import annotations
 
@@ -13,14 +14,19 @@ from pathlib import Path
 import pytest
 from helpers import ending_model, randomize, sources, tiny_model, word_tokenizer
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+from benchmarks.common.results import render_run
+from benchmarks.render import COMPARISONS, render_results
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
 
 
-def _run(script: str, tmp_path: Path, *args: str) -> dict:
-    out = tmp_path / f"{script}.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
+def _run(module: str, tmp_path: Path, *args: str) -> dict:
+    """``python -m benchmarks.<module> ARGS --json_out FILE`` from another folder; the JSON it wrote."""
+    out = tmp_path / f"{module}.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), *args, "--json_out", str(out)],
+        [sys.executable, "-m", f"benchmarks.{module}", *args, "--json_out", str(out)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -34,7 +40,7 @@ def _run(script: str, tmp_path: Path, *args: str) -> dict:
 @pytest.mark.slow
 def test_bench_runs_every_case_against_marian_at_tiny_size(tmp_path: Path) -> None:
     report = _run(
-        "bench.py",
+        "marian.run",
         tmp_path,
         "--size",
         "tiny",
@@ -56,7 +62,7 @@ def test_bench_runs_every_case_against_marian_at_tiny_size(tmp_path: Path) -> No
 def test_peers_decode_exactly_the_asked_tokens_with_every_engine(tmp_path: Path) -> None:
     """peers.py raises if any engine returns other than ``--new_tokens`` tokens; every route and both
     CTranslate2 types appear in every case, and the temporary model folders are removed."""
-    report = _run("peers.py", tmp_path, "--size", "tiny", "--repeats", "1", "--new_tokens", "4")
+    report = _run("ct2.run", tmp_path, "--size", "tiny", "--repeats", "1", "--new_tokens", "4")
     engines = {f"hf {route}" for route in report["args"]["routes"].split(",")} | {"ct2 float32", "ct2 int8"}
     assert [row["case"] for row in report["rows"]] == [
         "greedy, batch 1",
@@ -74,7 +80,9 @@ def test_onnx_generate_benchmark_times_equal_outputs_in_every_case(tmp_path: Pat
     pytest.importorskip(
         "onnxruntime", reason="the ONNX route needs the `onnx` extra: pip install -e '.[onnx]'"
     )
-    report = _run("onnx_generate.py", tmp_path, "--size", "tiny", "--repeats", "1", "--new_tokens", "4")
+    report = _run(
+        "experiments.onnx_generate", tmp_path, "--size", "tiny", "--repeats", "1", "--new_tokens", "4"
+    )
     assert [(case["batch"], case["beams"]) for case in report["cases"]] == [(1, 1), (1, 4), (16, 1), (16, 4)]
     assert all(case["onnxruntime_speedup"] > 0 for case in report["cases"])
     assert report["machine"]["cpu"]
@@ -88,7 +96,7 @@ def test_compiled_step_decodes_as_generate_and_its_eager_self(tmp_path: Path, be
     (PT2E, needs torchao) runs and reports how many of its tokens are fp32's."""
     pytest.importorskip("torchao", reason="the int8 step needs the `quant` extra: pip install -e '.[quant]'")
     report = _run(
-        "compiled_step.py",
+        "experiments.compiled_step",
         tmp_path,
         *("--size", "tiny", "--batch_size", "2", "--beams", str(beams)),
         *("--new_tokens", "4", "--source_length", "5", "--repeats", "1", "--warmup", "0"),
@@ -109,11 +117,7 @@ def test_replay_decodes_as_the_model_without_computing_it(beams: int) -> None:
     replay computes nothing: with the weights zeroed after recording it still gives them."""
     import torch
 
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        from real_text_worker import Replay
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    from benchmarks.real_text.worker import Replay
     from hf_vanilla.inference.options import DecodingOptions
     from hf_vanilla.inference.translation import translate
 
@@ -141,11 +145,8 @@ def test_profile_counts_rows_of_finished_sentences_only_where_the_loop_keeps_the
     own loop computes some, when sentences of a batch end at different steps."""
     import torch
 
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        from real_text_profile import StepTimer
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    from benchmarks.real_text.profile import StepTimer
+
     model = ending_model(0)
     model.drop_finished_sentences = drop
     timer = StepTimer(model)
@@ -178,7 +179,7 @@ def test_real_text_benchmark_times_every_mode_and_prints_its_table(tmp_path: Pat
     model_dir, data_dir = _real_text_inputs(tmp_path)
     common = ("--model_dir", str(model_dir), "--data_dir", str(data_dir), "--work_dir", str(tmp_path / "w"))
     report = _run(
-        "real_text.py",
+        "real_text.run",
         tmp_path,
         *common,
         "--routes", "fp32,int8,ct2-int8,replay",
@@ -201,17 +202,19 @@ def test_real_text_benchmark_times_every_mode_and_prints_its_table(tmp_path: Pat
     table = subprocess.run(
         [
             sys.executable,
-            str(BENCHMARKS / "real_text.py"),
+            "-m",
+            "benchmarks.real_text.run",
             "--summarize",
-            str(tmp_path / "real_text.py.json"),
+            str(tmp_path / "real_text.run.json"),
         ],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
     ).stdout
     assert table.startswith("| case |") and "| generate/ct2-int8/beam4/b4 | 12 |" in table
     profile = _run(
-        "real_text_profile.py",
+        "real_text.profile",
         tmp_path,
         "--model_dir", str(model_dir),
         "--data_dir", str(data_dir),
@@ -228,7 +231,7 @@ def test_linear_kernels_times_both_kernels_and_translates_alike(tmp_path: Path) 
     fast path forced through each: the same translations."""
     model_dir, data_dir = _real_text_inputs(tmp_path)
     report = _run(
-        "linear_kernels.py",
+        "experiments.linear_kernels",
         tmp_path,
         "--calls", "2",
         "--repeats", "1",
@@ -243,3 +246,99 @@ def test_linear_kernels_times_both_kernels_and_translates_alike(tmp_path: Path) 
     assert [case["batch_size"] for case in report["translation"]] == [4, 1]
     assert [case["sentences"] for case in report["translation"]] == [12, 3]
     assert all(case["equal"] for case in report["translation"])
+
+
+def test_results_md_is_what_the_committed_json_gives() -> None:
+    """benchmarks/RESULTS.md is written by ``python -m benchmarks.render`` from the JSON files, never by hand:
+    every table there renders from a results file, with its command, machine, CPU flags, date and versions."""
+    assert (BENCHMARKS / "RESULTS.md").read_text(encoding="utf-8") == render_results()
+    for comparison in COMPARISONS:
+        assert (BENCHMARKS / comparison.folder / "run.py").is_file(), comparison.folder
+
+
+META = {
+    "command": "python -m benchmarks.x.run --size tiny",
+    "date": "2026-12-05",
+    "machine": {"cpu": "Some CPU", "logical_cpus": 2, "flags": ["avx2", "avx512f"]},
+    "versions": {"torch": "2.13.0"},
+}
+
+
+def _rendered(report: dict, table: dict) -> list[str]:
+    """The table's lines as RESULTS.md shows them, after checking the run's header lines are there."""
+    text = render_run({"meta": META, **report, "table": table})
+    assert (
+        "- command: `python -m benchmarks.x.run --size tiny`" in text and "- CPU flags: avx2, avx512f" in text
+    )
+    assert "- date: 2026-12-05" in text and "- versions: torch 2.13.0" in text
+    return [line for line in text.splitlines() if line.startswith("| ")]
+
+
+def test_each_comparison_turns_its_report_into_its_table() -> None:
+    """Each comparison's ``table`` reads the JSON its run writes (here a small hand-made one) and gives rows
+    that render under their columns: the renderer cannot rot while the runs change."""
+    from benchmarks.ct2.run import table as ct2_table
+    from benchmarks.data_path.run import table as data_path_table
+    from benchmarks.gpu.run import table as gpu_table
+    from benchmarks.marian.report import table as marian_table
+    from benchmarks.real_text.run import table as real_text_table
+
+    timing = {"ms_per_step": 10.0, "seconds": [0.1], "load": [1.0], "tokens_per_s": 1.0, "pct_peak": 1.0}
+    marian = {
+        "args": {"size": "tiny"},
+        "rows": [{"case": "greedy, batch 1", "unit": "ms/token", "hf_vanilla": timing, "Marian": {**timing, "ms_per_step": 15.0}, "ratio": [1.4, 1.5, 1.6]}],
+        "memory": {"hf_vanilla": {"peak": 3 << 20, "baseline": 1 << 20}, "Marian": {"peak": 5 << 20, "baseline": 1 << 20}},
+    }  # fmt: skip
+    assert _rendered(marian, marian_table(marian))[1:] == [
+        "| greedy, batch 1 | ms/token | 10.0 | 15.0 | **1.50×** [1.40–1.60] |",
+        "| peak training memory | MB | 2 | 4 | 0.50× the memory |",
+    ]
+    ct2 = {
+        "args": {"size": "tiny", "repeats": 3, "new_tokens": 4},
+        "rows": [{"case": "greedy, batch 1", "ms_per_step": {"hf none": 4.0, "ct2 int8": 2.0}, "vs_ct2_int8": {"hf none": 0.5, "ct2 int8": 1.0}}],
+    }  # fmt: skip
+    assert _rendered(ct2, ct2_table(ct2))[1:] == ["| greedy, batch 1 | 4.0 (0.50×) | 2.0 |"]
+    runs = [
+        {
+            "case": "generate/int8/true/b32",
+            "seconds": s,
+            "sentences": 4,
+            "source_words": 20,
+            "bleu": 30.0,
+            "load": 1.0,
+        }
+        for s in (2.0, 4.0)
+    ]
+    assert _rendered({"runs": runs}, real_text_table(runs))[1:] == [
+        "| generate/int8/true/b32 | 4 | 3.00 | 2.00–4.00 | 7 | 30.00 | 2 | 1.0–1.0 |"
+    ]
+    stages = {
+        "stages": [
+            {
+                "stage": "read",
+                "pairs": 1000,
+                "wall_s": 1.5,
+                "cpu_s": 1.2,
+                "peak_gb": 0.5,
+                "peak_anon_gb": 0.25,
+            }
+        ]
+    }
+    assert _rendered(stages, data_path_table(stages))[1:] == ["| read | 1,000 | 1.5 | 1 | 0.50 / 0.25 |"]
+    step = {"size": "base", "parameters_m": 63.0, "step_ms": 100.0, "tokens_per_s": 1000.0, "mfu": 0.5}
+    gpu = {
+        "environment": {"device": "NVIDIA H200"},
+        "steps": [step],
+        "recipe_step": None,
+        "checks": [{"check": "fsdp", "ok": True}],
+    }
+    assert _rendered(gpu, gpu_table(gpu))[1:] == [
+        "| bf16 training step, base (63.0 M parameters) | 100.0 ms, 1000 tokens/s, MFU 50.0% |",
+        "| fsdp | OK |",
+    ]
+
+
+def test_a_row_that_does_not_fit_its_columns_is_refused() -> None:
+    table = {"title": "t", "columns": ["a", "b"], "rows": [["only one"]]}
+    with pytest.raises(ValueError, match="a row of 1 cells under 2 columns"):
+        render_run({"meta": META, "table": table})

@@ -2,7 +2,7 @@
 
 Engines with thread pools of their own slow each other down in one process: once CTranslate2 or ONNX
 Runtime had run, torch's dynamic-int8 decoding took 13.0 s instead of 8.5–9.9 s, and CTranslate2 int8
-with torch imported beside it was 1.4× slower (benchmarks/RESULTS.md, 2026-12-02). So the benchmarks
+with torch imported beside it was 1.4× slower (benchmarks/log/2026-11-29_to_2026-12-03.md, 2026-12-02). So the benchmarks
 that compare engines load each one in a worker process that imports only that engine, and time each
 call inside the worker. :class:`EngineProcess` is the benchmark's side; :func:`serve` the worker's.
 This module imports neither torch nor an engine.

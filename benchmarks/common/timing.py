@@ -1,4 +1,4 @@
-"""Timing for benchmarks/bench.py: interleaved measurement and the machine's own limits.
+"""Timing for benchmarks/marian/run.py: interleaved measurement and the machine's own limits.
 
 Calls are run A B A B … in one process after warm-ups (:func:`interleave`); a speed ratio is taken per
 back-to-back pair (:func:`pair_ratios`), which cancels most of the drift of a shared machine, and the

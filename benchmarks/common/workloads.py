@@ -1,4 +1,4 @@
-"""Workloads for benchmarks/bench.py: the two models and the cases timed on them.
+"""Workloads for benchmarks/marian/run.py: the two models and the cases timed on them.
 
 Both models get the same dimensions and the *same weights* (:func:`build_marian` copies hf_vanilla's
 state dict into Marian and overwrites Marian's position table with the paper's interleaved layout);
@@ -21,8 +21,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from bench_options import BenchArguments
-from bench_timing import MARIAN, OURS, Row, interleave, load_average
 from transformers import (
     DataCollatorForSeq2Seq,
     GenerationConfig,
@@ -31,11 +29,12 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from benchmarks.common.timing import MARIAN, OURS, Row, interleave, load_average
+from benchmarks.marian.options import BenchArguments
 from hf_vanilla import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import sinusoidal_position_encoding
 
 #: The entry point, which also runs each memory measurement in a fresh process (``--memory_child``).
-BENCH_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.py")
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 
 #: Model sizes. ``base`` is Table 3's base model with a 32k shared vocabulary.
@@ -400,7 +399,7 @@ def memory_child(args: BenchArguments) -> None:
 def run_memory(args: BenchArguments) -> dict[str, dict[str, int]]:
     results = {}
     for name in (OURS, MARIAN):
-        command = [sys.executable, BENCH_SCRIPT, "--memory_child", name, "--size", args.size]
+        command = [sys.executable, "-m", "benchmarks.marian.run", "--memory_child", name, "--size", args.size]
         command += ["--batch_size", str(args.batch_size), "--source_length", str(args.source_length)]
         command += ["--target_length", str(args.target_length), "--seed", str(args.seed)]
         if args.threads is not None:

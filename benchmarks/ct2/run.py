@@ -1,13 +1,13 @@
 """CPU inference peers in one interleaved run: hf_vanilla fp32 and its quantized routes against
-CTranslate2 fp32 and int8 (issue 16).
+CTranslate2 fp32 and int8.
 
-One transformer-base model (``--size``, random weights, the same as ``bench.py`` builds) is saved with
+One transformer-base model (``--size``, random weights, the same as ``benchmarks.marian`` builds) is saved with
 a word-level tokenizer, exported with the project's own CTranslate2 exporter (float32 and int8), and
 loaded through each route of :mod:`hf_vanilla.inference.quantization`. Every engine decodes the same random
 sources (``--source_length`` tokens + ``</s>``) for exactly ``--new_tokens`` tokens (``</s>`` has a
 zero embedding row, so random weights never end a hypothesis and every engine does the same work), with ``--threads`` threads for torch and CTranslate2.
 Cases: greedy and beam 4 at batch 1 and ``--batch_size``. Each engine runs in a worker process of its own
-(``peers_worker.py``: a CTranslate2 worker imports no torch; engines in one process slow each other,
+(``benchmarks/ct2/worker.py``: a CTranslate2 worker imports no torch; engines in one process slow each other,
 see :mod:`engine_process`) and times its calls itself. Engines run round-robin (A B C … A B C …) after a
 warm-up, with a pause of ``--settle`` seconds before each call (the last engine's spinning threads wind
 down); a cell is the median ms per decoding step with the min–max, and each ratio is the median of
@@ -19,9 +19,9 @@ projection), divided by the best read bandwidth of a 512 MB ``sum`` (read only; 
 case and after each, as the machine may be shared) — fp32 bytes for
 fp32 engines; for int8 engines a quarter of the projection bytes is shown beside it.
 
-    python benchmarks/peers.py                        # base size, 2 threads, 3 timed rounds
-    python benchmarks/peers.py --size tiny --repeats 1 --new_tokens 4   # plumbing check, seconds
-    python benchmarks/bench.py --cases generate,peers  # the same, after bench.py's Marian cases
+    python -m benchmarks.ct2.run                        # base size, 2 threads, 3 timed rounds
+    python -m benchmarks.ct2.run --size tiny --repeats 1 --new_tokens 4   # plumbing check, seconds
+    python -m benchmarks.marian.run --cases generate,peers  # the same, after benchmarks.marian's Marian cases
 """
 
 from __future__ import annotations
@@ -36,12 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_timing import load_average, machine_description, read_bandwidth
-from bench_workloads import EOS, build_configs, build_ours, decode_step_weight_bytes
-from engine_process import CT2_THREADS_HELP, EngineProcess, engine_threads
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import HfArgumentParser, PreTrainedTokenizerFast
 
+from benchmarks.common.engine_process import CT2_THREADS_HELP, EngineProcess, engine_threads
+from benchmarks.common.results import metadata
+from benchmarks.common.timing import load_average, machine_description, read_bandwidth
+from benchmarks.common.workloads import EOS, build_configs, build_ours, decode_step_weight_bytes
 from hf_vanilla.interop.export_ctranslate2 import export_ctranslate2
 
 #: The engines, in the order they run in each round.
@@ -52,7 +53,9 @@ REFERENCE = "ct2 int8"
 
 @dataclass
 class PeerArguments:
-    size: str = field(default="base", metadata={"help": "Model size of bench.py: tiny, small or base."})
+    size: str = field(
+        default="base", metadata={"help": "Model size of benchmarks.marian: tiny, small or base."}
+    )
     threads: int = field(default=2, metadata={"help": "Threads for torch and CTranslate2 (intra-op)."})
     ct2_threads: int | None = field(
         default=None,
@@ -90,11 +93,12 @@ def start_engines(folder: Path, args: PeerArguments) -> dict[str, EngineProcess]
         export_ctranslate2(folder / "hf", folder / f"ct2-{compute_type}", quantization=quantization)
     names = [f"hf {route.strip()}" for route in args.routes.split(",") if route.strip()]
     names += [f"ct2 {compute_type}" for compute_type in CT2_TYPES]
-    worker = str(Path(__file__).with_name("peers_worker.py"))
     threads = {name: engine_threads(name, args.threads, args.ct2_threads) for name in names}
     return {
         name: EngineProcess(
-            [sys.executable, worker, name, str(folder), str(threads[name])], threads[name], name
+            [sys.executable, "-m", "benchmarks.ct2.worker", name, str(folder), str(threads[name])],
+            threads[name],
+            name,
         )
         for name in names
     }
@@ -115,7 +119,7 @@ def time_rounds(engines: dict[str, EngineProcess], args: PeerArguments) -> dict[
 
 def run(args: PeerArguments) -> dict[str, Any]:
     """Measure every engine on every case, print the table, and return the report (also what
-    ``bench.py --cases peers`` embeds in its own)."""
+    ``benchmarks.marian.run --cases peers`` embeds in its own)."""
     torch.set_num_threads(args.threads)
     machine = machine_description()
     ct2 = f", CTranslate2 {args.ct2_threads}" if args.ct2_threads else ""
@@ -208,10 +212,36 @@ def run(args: PeerArguments) -> dict[str, Any]:
     return report
 
 
+def table(report: dict[str, Any]) -> dict[str, Any]:
+    """The comparison's table for benchmarks/RESULTS.md (:mod:`benchmarks.common.results`): ms per
+    decoding step of each engine, and in brackets CTranslate2 int8's time over it (> 1: faster than it)."""
+    names = list(report["rows"][0]["ms_per_step"])
+    rows = []
+    for row in report["rows"]:
+        cells = [f"{row['ms_per_step'][name]:.1f}" for name in names]
+        ratios = row.get("vs_ct2_int8", {})
+        cells = [
+            f"{text} ({ratios[name]:.2f}×)" if name != REFERENCE and name in ratios else text
+            for name, text in zip(names, cells, strict=True)
+        ]
+        rows.append([row["case"], *cells])
+    args = report["args"]
+    return {
+        "title": f"hf_vanilla's routes against CTranslate2, size {args['size']}, synthetic",
+        "columns": ["case", *names],
+        "rows": rows,
+        "note": (
+            f"ms per decoding step, median of {args['repeats']} rounds, {args['new_tokens']} new tokens for every "
+            f"engine; in brackets {REFERENCE}'s time over the engine's (> 1: the engine is faster than {REFERENCE})."
+        ),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     (args,) = HfArgumentParser(PeerArguments).parse_args_into_dataclasses(args=argv)
     report = run(args)
     if args.json_out:
+        report = {"meta": metadata(argv), **report, "table": table(report)}
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0
 

@@ -1,8 +1,8 @@
-"""One engine of ``benchmarks/peers.py`` in a process of its own (see :mod:`engine_process`).
+"""One engine of ``benchmarks/ct2/run.py`` in a process of its own (see :mod:`engine_process`).
 
-``peers_worker.py ENGINE FOLDER THREADS``: ``ENGINE`` is ``"hf ROUTE"`` (a route of
+``python -m benchmarks.ct2.worker ENGINE FOLDER THREADS``: ``ENGINE`` is ``"hf ROUTE"`` (a route of
 :mod:`hf_vanilla.inference.quantization`, loaded from ``FOLDER/hf``) or ``"ct2 float32"`` /
-``"ct2 int8"`` (``FOLDER/ct2-TYPE``, exported by peers.py). A CTranslate2 worker imports no torch, a
+``"ct2 int8"`` (``FOLDER/ct2-TYPE``, exported by benchmarks.ct2.run). A CTranslate2 worker imports no torch, a
 torch worker no CTranslate2. Requests: ``{"ids": …, "tokens": …, "beams": …, "new_tokens": …}`` makes
 the decoding call of a case, ``{"time": true}`` runs it once and answers with its seconds. Every call
 raises unless each sentence got exactly ``new_tokens`` tokens.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine_process import Message, serve
+from benchmarks.common.engine_process import Message, serve
 
 
 def folder_megabytes(path: Path) -> float:
@@ -72,7 +72,8 @@ def make_call(engine: Any, request: Message) -> Callable[[], object]:
 
         return run
     import torch
-    from bench_workloads import generation_config, make_generate
+
+    from benchmarks.common.workloads import generation_config, make_generate
 
     return make_generate(
         engine, torch.tensor(request["ids"]), generation_config(beams, new_tokens), new_tokens

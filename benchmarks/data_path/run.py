@@ -1,4 +1,4 @@
-"""The data path at full WMT14 size (issue 24): tokenizer training, tokenization into the cache,
+"""The data path at full WMT14 size: tokenizer training, tokenization into the cache,
 token-budget batching, and the first training steps at base size, on a synthetic corpus.
 
 **The corpus** is generated at run time (nothing large is committed) with WMT14 EN-DE-like length
@@ -37,7 +37,7 @@ So by default 8 GPUs consume 5 × 125 k = 625 k tokens/s, ≈ 78 k per GPU. Unde
 its own loader process, so the target (data path ≥ 3× what the GPUs consume) is checked per
 process: one loader's rate ≥ 3 × 78 k tokens/s.
 
-Run ``python benchmarks/data_path.py --pairs 500000 1500000 4500000 --workdir /tmp/dp`` (the work
+Run ``python -m benchmarks.data_path.run --pairs 500000 1500000 4500000 --workdir /tmp/dp`` (the work
 folder holds the corpus, its Arrow copy, tokenizer, cache and run: ≈ 6 GB at 4.5 M pairs; delete it
 afterwards).
 """
@@ -60,6 +60,8 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+from benchmarks.common.results import metadata  # noqa: E402
 
 VOCAB_SIZE, MAX_TOKENS = 37000, 6250
 PAPER_8_GPU_TOKENS_PER_S = 5 * 50000 / 0.4  # Vaswani et al. §5.2 × Ott et al. 2018's ≈ 5× speed-up
@@ -279,7 +281,17 @@ def run_stage(name: str, work: Path, pairs: int, batches: int) -> dict[str, Any]
 
 
 def child(name: str, work: Path, pairs: int, batches: int, timeout: float) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--stage", name, "--workdir", str(work), "--pairs", str(pairs)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.data_path.run",
+        "--stage",
+        name,
+        "--workdir",
+        str(work),
+        "--pairs",
+        str(pairs),
+    ]
     command += ["--batches", str(batches)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="true")
     env["HF_DATASETS_CACHE"] = str(work / "hf_datasets")  # the text's Arrow file, cold at the `read` stage
@@ -287,6 +299,26 @@ def child(name: str, work: Path, pairs: int, batches: int, timeout: float) -> di
     if done.returncode:
         raise SystemExit(f"stage {name} at {pairs} pairs failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(report: dict[str, Any]) -> dict[str, Any]:
+    """The comparison's table (:mod:`benchmarks.common.results`): each stage's wall and CPU seconds and
+    peak memory, at each corpus size."""
+    rows = [
+        [
+            stage["stage"],
+            f"{stage['pairs']:,}",
+            f"{stage['wall_s']:.1f}",
+            f"{stage['cpu_s']:.0f}",
+            f"{stage['peak_gb']:.2f} / {stage['peak_anon_gb']:.2f}",
+        ]
+        for stage in report["stages"]
+    ]
+    return {
+        "title": "The data path at WMT14 size, synthetic corpus",
+        "columns": ["stage", "pairs", "wall s", "CPU s", "RSS / anon peak GB"],
+        "rows": rows,
+    }
 
 
 def main() -> None:
@@ -300,11 +332,13 @@ def main() -> None:
     parser.add_argument("--gpu_tokens_per_s", type=float, default=PAPER_8_GPU_TOKENS_PER_S)
     parser.add_argument("--timeout", type=float, default=3600, help="Seconds per stage.")
     parser.add_argument("--results", type=Path, help="Append each stage's JSON line to this file.")
+    parser.add_argument("--json_out", type=Path, help="Write every stage and the table here as JSON.")
     parser.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stage:  # a child: one stage, one JSON line
         print(json.dumps(run_stage(args.stage, args.workdir, args.pairs[0], args.batches)))
         return
+    stages: list[dict[str, Any]] = []
     for pairs in args.pairs:
         work = args.workdir / f"{pairs}"
         for name in args.stages:
@@ -313,6 +347,10 @@ def main() -> None:
                 per_gpu = args.gpu_tokens_per_s / 8
                 result["x_per_gpu_need"] = result["padded_tokens_per_s"] / per_gpu
             print(json.dumps(result), flush=True)
+            stages.append(result)
+            if args.json_out:
+                report = {"meta": metadata(), "stages": stages}
+                args.json_out.write_text(json.dumps({**report, "table": table(report)}, indent=2) + "\n")
             if args.results:
                 with open(args.results, "a") as handle:
                     handle.write(json.dumps(result) + "\n")

@@ -1,7 +1,7 @@
 """Before/after check for speed work on the modeling file: same outputs within fp tolerance.
 
-    python benchmarks/check_equivalence.py --save /tmp/reference.pt     # before a change
-    python benchmarks/check_equivalence.py --compare /tmp/reference.pt  # after it
+    python -m benchmarks.experiments.check_equivalence --save /tmp/reference.pt     # before a change
+    python -m benchmarks.experiments.check_equivalence --compare /tmp/reference.pt  # after it
 
 It records, for a few tiny configurations (with and without attention biases, with padding, label
 smoothing): eval logits, training loss and every gradient under a fixed dropout seed, and the outputs

@@ -3,8 +3,8 @@
 forward call, beside the floor (``import torch, transformers`` and the modeling code of transformers), and
 on its CTranslate2 export (a route that imports no torch) the time to the first call into CTranslate2.
 
-    python benchmarks/cli_startup.py --rounds 5
-    python benchmarks/cli_startup.py --rounds 3 --python /other/venv/bin/python --label before
+    python -m benchmarks.experiments.cli_startup --rounds 5
+    python -m benchmarks.experiments.cli_startup --rounds 3 --python /other/venv/bin/python --label before
 
 Each figure is the median over ``--rounds`` interleaved rounds (every measurement once per round) of a
 fresh interpreter's wall time, with min and max, and of its CPU time (user + sys: less sensitive to

@@ -1,10 +1,10 @@
-"""A decoding step compiled with its search and a static cache inside, against ``generate()`` (issue 27).
+"""A decoding step compiled with its search and a static cache inside, against ``generate()``.
 
 ``generate()`` pays a fixed cost at every decoding step: PyTorch's dispatch of each operator of the
 decoder and the search, plus the Python of the modules and of transformers' loop. At the recipe's
 size that cost, not arithmetic, is most of a step (benchmarks/RESULTS.md, "CTranslate2 on one
 thread"), and transformers' own compiled route (static cache, ``torch.compile(model.forward)``:
-``bench.py --cases compiled``) leaves the search, the cache and the loop in Python. This script
+``benchmarks.marian.run --cases compiled``) leaves the search, the cache and the loop in Python. This script
 measures what is left when they are not: one function that embeds the last token, runs the decoder
 layers over a static (layers, rows, heads, T_max, d_k) cache that it writes in place, projects to the
 vocabulary and takes the search's step (greedy: argmax; beam: log-softmax, the running scores and the
@@ -14,15 +14,15 @@ and prepacks them for oneDNN: ``--freezing true``), and exported, dynamically in
 inductor (PT2E, torchao's ``X86InductorQuantizer``) and compiled with freezing (``compiled-int8``;
 needs the ``quant`` extra).
 
-The workload is ``peers.py``'s, so the numbers stand beside CTranslate2's there: ``bench.py``'s random
+The workload is ``benchmarks.ct2``'s, so the numbers stand beside CTranslate2's there: ``benchmarks.marian``'s random
 weights with a zero ``</s>`` embedding (no hypothesis ever ends), ``--source_length`` random source
 tokens, exactly ``--new_tokens`` steps. Rows: ms per decoding step, median and range over
 ``--repeats`` interleaved rounds. The step is a measuring device, not a decoder: it has no finished
 hypotheses, no length penalty and no stopping rule, which real decoding needs.
 
-    python benchmarks/compiled_step.py --size small --batch_size 1 --beams 1
-    python benchmarks/compiled_step.py --size small --batch_size 32 --beams 4 --modes generate,step,compiled
-    python benchmarks/peers.py --size small --ct2_threads 1    # CTranslate2 on the same workload
+    python -m benchmarks.experiments.compiled_step --size small --batch_size 1 --beams 1
+    python -m benchmarks.experiments.compiled_step --size small --batch_size 32 --beams 4 --modes generate,step,compiled
+    python -m benchmarks.ct2.run --size small --ct2_threads 1    # CTranslate2 on the same workload
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch._inductor.config as inductor_config
 import torch.nn.functional as F
-from bench_timing import interleave, load_average, machine_description
-from bench_workloads import BOS, EOS, PAD, build_configs, build_ours
 from torch import nn
 from transformers import GenerationConfig, HfArgumentParser
 
+from benchmarks.common.timing import interleave, load_average, machine_description
+from benchmarks.common.workloads import BOS, EOS, PAD, build_configs, build_ours
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
 )
@@ -49,11 +49,15 @@ MODES = ("generate", "step", "compiled", "compiled-int8")
 
 @dataclass
 class StepArguments:
-    size: str = field(default="small", metadata={"help": "Model size of bench.py: tiny, small or base."})
+    size: str = field(
+        default="small", metadata={"help": "Model size of benchmarks.marian: tiny, small or base."}
+    )
     batch_size: int = field(default=1, metadata={"help": "Sentences per call."})
     beams: int = field(default=1, metadata={"help": "1 = greedy; k > 1 = beam search with k beams."})
-    source_length: int = field(default=32, metadata={"help": "Source tokens per sentence (as peers.py)."})
-    new_tokens: int = field(default=32, metadata={"help": "Decoding steps per call (as peers.py)."})
+    source_length: int = field(
+        default=32, metadata={"help": "Source tokens per sentence (as benchmarks.ct2)."}
+    )
+    new_tokens: int = field(default=32, metadata={"help": "Decoding steps per call (as benchmarks.ct2)."})
     dtype: str = field(default="float32", metadata={"help": "float32 or bfloat16."})
     threads: int = field(default=2, metadata={"help": "torch's intra-op threads."})
     modes: str = field(default=",".join(MODES), metadata={"help": f"Comma-separated, of {MODES}."})

@@ -1,7 +1,7 @@
 """Beam search's stopping rule on tiny random models: how often transformers' ``early_stopping=True``
 and ``False`` return a worse best hypothesis than ``"never"``, and what each costs in time.
 
-    python benchmarks/early_stopping.py [--models 4] [--sentences 40] [--rounds 3] [--eos_bias 9]
+    python -m benchmarks.experiments.early_stopping [--models 4] [--sentences 40] [--rounds 3] [--eos_bias 9]
 
 §6.1 decodes with beam 4 and α = 0.6 and "terminate[s] early when possible": stop when no running
 hypothesis can still beat the finished ones. That is transformers' ``"never"``; ``True`` stops as soon

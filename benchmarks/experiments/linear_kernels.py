@@ -8,7 +8,7 @@ interleaved, medians of ``--repeats`` rounds of ``--calls`` calls. Part 2 (with 
 trained model folder and the Multi30k data) translates real sentences with the fast path forced on and
 off, interleaved, and checks that the translations are equal:
 
-    python benchmarks/linear_kernels.py --model_dir runs/multi30k/averaged --batch_sizes 1,32
+    python -m benchmarks.experiments.linear_kernels --model_dir runs/multi30k/averaged --batch_sizes 1,32
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from bench_timing import interleave, load_average, machine_description
-from real_text import read_lines
 
+from benchmarks.common.timing import interleave, load_average, machine_description
+from benchmarks.real_text.run import read_lines
 from hf_vanilla.models.vanilla_transformer import fast_paths
 
 #: (input, output) features of the weights a decoding step multiplies by.

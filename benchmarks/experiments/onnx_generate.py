@@ -1,6 +1,6 @@
-"""``generate()`` over ONNX Runtime against PyTorch eager on the same model (issue 25).
+"""``generate()`` over ONNX Runtime against PyTorch eager on the same model.
 
-One model of ``bench.py``'s sizes (random weights, ``</s>`` never chosen, so every engine decodes
+One model of ``benchmarks.marian``'s sizes (random weights, ``</s>`` never chosen, so every engine decodes
 exactly ``--new_tokens`` tokens) is exported with :func:`hf_vanilla.interop.export_onnx.export_onnx`
 and loaded as :class:`~hf_vanilla.interop.onnx_generation.OnnxVanillaTransformerForConditionalGeneration`;
 both decode the same random sources (``--source_length`` tokens) with the same generation config,
@@ -8,8 +8,8 @@ both decode the same random sources (``--source_length`` tokens) with the same g
 first. Cases: greedy and beam 4 (α = 0.6) at batch 1 and ``--batch_size``; the engines run
 alternately after a warm-up, and a cell is the median ms per decoding step over ``--repeats`` rounds.
 
-    python benchmarks/onnx_generate.py --size tiny
-    python benchmarks/onnx_generate.py --size base --repeats 3
+    python -m benchmarks.experiments.onnx_generate --size tiny
+    python -m benchmarks.experiments.onnx_generate --size base --repeats 3
 """
 
 from __future__ import annotations
@@ -22,17 +22,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from bench_timing import interleave, machine_description
-from bench_workloads import build_configs, build_ours, generation_config, make_generate, random_batch
 from transformers import HfArgumentParser
 
+from benchmarks.common.timing import interleave, machine_description
+from benchmarks.common.workloads import (
+    build_configs,
+    build_ours,
+    generation_config,
+    make_generate,
+    random_batch,
+)
 from hf_vanilla.interop.export_onnx import export_onnx
 from hf_vanilla.interop.onnx_generation import OnnxVanillaTransformerForConditionalGeneration
 
 
 @dataclass
 class OnnxBenchArguments:
-    size: str = field(default="tiny", metadata={"help": "Model size of bench.py: tiny, small or base."})
+    size: str = field(
+        default="tiny", metadata={"help": "Model size of benchmarks.marian: tiny, small or base."}
+    )
     threads: int = field(default=2, metadata={"help": "Intra-op threads of torch and ONNX Runtime."})
     batch_size: int = field(default=16, metadata={"help": "Sentences of the large-batch cases."})
     source_length: int = field(default=32, metadata={"help": "Source tokens per sentence."})

@@ -1,6 +1,6 @@
 """One prepared check for a GPU machine: what the CPU test suite cannot show (about 3–6 minutes on one H200).
 
-    python scripts/gpu_check.py                      # base and big, all checks, compact table
+    python -m benchmarks.gpu.run                   # base and big, all checks, compact table
     python scripts/gpu_check.py --device cpu --sizes tiny --steps 2 --fsdp_smoke false   # dry run
 
 1. bf16 autocast + SDPA training step (Adam, the paper's β and ε) at the Table 3 base and big sizes:
@@ -42,9 +42,10 @@ import numpy as np
 import torch
 from transformers import HfArgumentParser
 
+from benchmarks.common.results import metadata
 from hf_vanilla import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = {"d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
         "decoder_attention_heads": 4, "encoder_ffn_dim": 256, "decoder_ffn_dim": 256}  # fmt: skip
 
@@ -411,6 +412,32 @@ def fsdp_smoke(output_dir: Path, args: CheckArguments) -> dict[str, Any]:
     }
 
 
+def table(report: dict[str, Any]) -> dict[str, Any]:
+    """The comparison's table (:mod:`benchmarks.common.results`): the training step of each size, then the
+    recipe's step, then each check."""
+    rows = [
+        [
+            f"bf16 training step, {row['size']} ({row['parameters_m']:.1f} M parameters)",
+            f"{row['step_ms']:.1f} ms, {row['tokens_per_s']:.0f} tokens/s, MFU {_percent(row['mfu'])}",
+        ]
+        for row in report["steps"]
+    ]
+    if report.get("recipe_step"):
+        recipe = report["recipe_step"]
+        rows.append(
+            [
+                f"WMT14 recipe step ({recipe['size']}, {recipe['tokens_per_step']} tokens)",
+                f"{recipe['step_ms']:.0f} ms, {recipe['tokens_per_s']:.0f} tokens/s, MFU {_percent(recipe['mfu'])}",
+            ]
+        )
+    rows += [[check["check"], "OK" if check["ok"] else "FAILED"] for check in report["checks"]]
+    return {
+        "title": f"GPU check on {report['environment'].get('device', 'the device')}",
+        "columns": ["check", "result"],
+        "rows": rows,
+    }
+
+
 def main() -> None:
     (args,) = HfArgumentParser(CheckArguments).parse_args_into_dataclasses()
     output_dir = Path(args.output_dir)
@@ -468,18 +495,15 @@ def main() -> None:
         print(
             f"{check['check']}: {'OK' if check['ok'] else 'FAILED'} ({check['seconds']:.0f} s) {json.dumps(extra)}"
         )
-    (output_dir / "gpu_check.json").write_text(
-        json.dumps(
-            {
-                "environment": environment,
-                "arguments": asdict(args),
-                "steps": rows,
-                "recipe_step": recipe,
-                "checks": checks,
-            },
-            indent=2,
-        )
-    )
+    report = {
+        "meta": metadata(),
+        "environment": environment,
+        "arguments": asdict(args),
+        "steps": rows,
+        "recipe_step": recipe,
+        "checks": checks,
+    }
+    (output_dir / "gpu_check.json").write_text(json.dumps({**report, "table": table(report)}, indent=2))
 
 
 if __name__ == "__main__":

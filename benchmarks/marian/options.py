@@ -1,4 +1,4 @@
-"""Options of benchmarks/bench.py (``python benchmarks/bench.py --help``), read by every part of it."""
+"""Options of benchmarks/marian/run.py (``python -m benchmarks.marian.run --help``), read by every part of it."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class BenchArguments:
         metadata={
             "help": "Comma-separated subset of: train, generate, linear, memory, multi30k, compiled "
             "(hf_vanilla with a static cache and torch.compile against itself eager; off by default), peers "
-            "(CTranslate2 fp32/int8 and the quantized routes, benchmarks/peers.py; off by default)."
+            "(CTranslate2 fp32/int8 and the quantized routes, benchmarks/ct2/run.py; off by default)."
         },
     )
     repeats: int | None = field(

@@ -1,4 +1,4 @@
-"""Report for benchmarks/bench.py: the markdown tables printed at the end of a run."""
+"""Report for benchmarks/marian/run.py: the markdown tables printed at the end of a run."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from bench_options import BenchArguments
-from bench_timing import MARIAN, OURS, Row, Timing, pair_ratios
-from bench_workloads import SIZES
+from benchmarks.common.timing import MARIAN, OURS, Row, Timing, pair_ratios
+from benchmarks.common.workloads import SIZES
+from benchmarks.marian.options import BenchArguments
 
 
 def fmt_ms(timing: Timing, per: float) -> str:
@@ -19,6 +19,46 @@ def fmt_ms(timing: Timing, per: float) -> str:
 
 def fmt_ratio(ratios: Sequence[float]) -> str:
     return f"**{statistics.median(ratios):.2f}×** [{min(ratios):.2f}–{max(ratios):.2f}]"
+
+
+def table(report: dict[str, Any]) -> dict[str, Any]:
+    """The comparison's table for benchmarks/RESULTS.md (:mod:`benchmarks.common.results`) from the JSON
+    report: per case, each model's median ms and hf_vanilla's speed over Marian's."""
+    size = report["args"]["size"]
+    rows = [
+        [
+            row["case"],
+            row["unit"],
+            f"{row[OURS]['ms_per_step']:.1f}",
+            f"{row[MARIAN]['ms_per_step']:.1f}",
+            fmt_ratio(row["ratio"]),
+        ]
+        for row in report["rows"]
+    ]
+    if report.get("memory"):
+        ours, marian = (
+            report["memory"][name]["peak"] - report["memory"][name]["baseline"] for name in (OURS, MARIAN)
+        )
+        rows.append(
+            [
+                "peak training memory",
+                "MB",
+                f"{ours / 2**20:.0f}",
+                f"{marian / 2**20:.0f}",
+                f"{ours / marian:.2f}× the memory",
+            ]
+        )
+    return {
+        "title": f"hf_vanilla against MarianMTModel, size {size}",
+        "columns": [
+            "case",
+            "unit",
+            f"{OURS} ms",
+            f"{MARIAN} ms",
+            f"{OURS}'s speed over {MARIAN}'s: median [min–max] of pairs",
+        ],
+        "rows": rows,
+    }
 
 
 # --------------------------------------------------------------------------------------------------

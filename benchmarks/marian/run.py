@@ -1,4 +1,4 @@
-"""hf_vanilla against Hugging Face's own ``MarianMTModel``, the same function, side by side (issue 4).
+"""hf_vanilla against Hugging Face's own ``MarianMTModel``, the same function, side by side.
 
 Both models get the same dimensions and the *same weights*: hf_vanilla is built with
 ``attention_bias=True`` (Marian's attention projections always carry biases), its state dict is
@@ -14,12 +14,12 @@ over the repeats with the min–max in brackets, and the ratio column is the med
 per-pair ratios, each pair measured back to back, which cancels most of the drift of a shared
 machine. The 1-minute load average is recorded with every measurement.
 
-Run ``python benchmarks/bench.py --help`` for the options; ``--quick`` takes about two minutes on
+Run ``python -m benchmarks.marian.run --help`` for the options; ``--quick`` takes about two minutes on
 two cores at ``--size base``.
 
-The code is split by concern: ``bench_options.py`` (the options), ``bench_workloads.py`` (the
-models and the cases), ``bench_timing.py`` (interleaving, ratios, the machine's peak and bandwidth)
-and ``bench_report.py`` (the tables); this file is the entry point and holds the order of the run.
+The code is split by concern: ``options.py`` (the options), ``benchmarks.common.workloads`` (the
+models and the cases), ``benchmarks.common.timing`` (interleaving, ratios, the machine's peak and bandwidth)
+and ``report.py`` (the tables); this file is the entry point and holds the order of the run.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ import statistics
 from collections.abc import Sequence
 
 import torch
-from bench_options import BenchArguments
-from bench_report import print_report
-from bench_timing import (
+from transformers import HfArgumentParser
+
+from benchmarks.common.results import metadata
+from benchmarks.common.timing import (
     MARIAN,
     OURS,
     Row,
@@ -41,7 +42,7 @@ from bench_timing import (
     measure_gemm_peak,
     pair_ratios,
 )
-from bench_workloads import (
+from benchmarks.common.workloads import (
     build_configs,
     build_marian,
     build_ours,
@@ -54,7 +55,8 @@ from bench_workloads import (
     run_multi30k,
     run_train,
 )
-from transformers import HfArgumentParser
+from benchmarks.marian.options import BenchArguments
+from benchmarks.marian.report import print_report, table
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -127,8 +129,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 flush=True,
             )
     peers = None
-    if "peers" in cases:  # CTranslate2 (an optional dependency) and the quantized routes: peers.py
-        from peers import PeerArguments, run
+    if "peers" in cases:  # CTranslate2 (an optional dependency) and the quantized routes: benchmarks.ct2
+        from benchmarks.ct2.run import PeerArguments, run
 
         options = {"size": args.size, "batch_size": args.batch_size, "source_length": args.source_length}
         options |= {"new_tokens": new_tokens, "repeats": repeats, "warmup": args.warmup, "seed": args.seed}
@@ -152,24 +154,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     print_report(args, machine, peak, bandwidth, rows, memory, floor_ms, floor_bytes, multi30k, check)
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as handle:
-            json.dump(
-                {
-                    "args": vars(args),
-                    "machine": machine,
-                    "gemm": peak,
-                    "bandwidth": bandwidth,
-                    "check": check,
-                    "rows": [row.as_dict(peak["peak_gflops"]) for row in rows],
-                    "memory": memory,
-                    "floor_ms": floor_ms,
-                    "floor_bytes": floor_bytes,
-                    "multi30k": multi30k,
-                    "compiled": compiled,
-                    "peers": peers,
-                },
-                handle,
-                indent=1,
-            )
+            report = {
+                "meta": metadata(),
+                "args": vars(args),
+                "machine": machine,
+                "gemm": peak,
+                "bandwidth": bandwidth,
+                "check": check,
+                "rows": [row.as_dict(peak["peak_gflops"]) for row in rows],
+                "memory": memory,
+                "floor_ms": floor_ms,
+                "floor_bytes": floor_bytes,
+                "multi30k": multi30k,
+                "compiled": compiled,
+                "peers": peers,
+            }
+            json.dump({**report, "table": table(report)}, handle, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Where a beam-search step's time goes on real text (issue 27): the trained model of
-``benchmarks/real_text.py`` translating the Multi30k validation sentences at ``--batch_size`` (sorted by
+"""Where a beam-search step's time goes on real text: the trained model of
+``benchmarks/real_text/run.py`` translating the Multi30k validation sentences at ``--batch_size`` (sorted by
 length, as :func:`hf_vanilla.inference.translation.translate` batches them), beam 4, α = 0.6.
 
 Timers around the model's own calls split each ``generate()``:
@@ -19,7 +19,7 @@ Timers around the model's own calls split each ``generate()``:
 
 ``--torch_profile N`` also prints torch.profiler's operator table over the first N batches.
 
-    python benchmarks/real_text_profile.py --model_dir /tmp/rt27/recipe/averaged --early_stopping never
+    python -m benchmarks.real_text.profile --model_dir /tmp/rt27/recipe/averaged --early_stopping never
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from real_text import read_lines
 
+from benchmarks.real_text.run import read_lines
 from hf_vanilla.inference.decoding import DecodingOptions, paper_generation_kwargs
 from hf_vanilla.inference.loading import load_model_and_tokenizer
 from hf_vanilla.inference.options import InferenceModelArguments

@@ -1,6 +1,6 @@
-"""Real text, trained model: every decoding route of hf_vanilla against CTranslate2 (issue 27).
+"""Real text, trained model: every decoding route of hf_vanilla against CTranslate2.
 
-``benchmarks/peers.py`` times random weights that never end a hypothesis; this benchmark times what a
+``benchmarks/ct2/run.py`` times random weights that never end a hypothesis; this benchmark times what a
 user runs: a trained model (``--model_dir``, e.g. the one ``recipes/multi30k.sh`` writes) translating
 the Multi30k validation German sentences (``--data_dir``, ``val.de.gz``; never copied into the
 repository) into English, scored with sacreBLEU against ``val.en.gz``.
@@ -10,7 +10,7 @@ and ``ct2-int8`` (the project's CTranslate2 export and backend), ``onnx`` (the O
 ``generate()``; it has no command), and ``fp32-keep`` / ``int8-keep``: transformers' own beam-search
 loop, which goes on computing sentences whose search is over (``drop_finished_sentences=False``; the
 speed path's before), and ``replay``: ``generate()`` over a model that costs nothing (the fp32 model's
-outputs, recorded in an untimed run just before, replayed: ``real_text_worker.Replay``), i.e. what
+outputs, recorded in an untimed run just before, replayed: ``benchmarks.real_text.worker.Replay``), i.e. what
 ``generate()`` itself costs, the floor of every route through it. Decodings: beam 4 with the paper's stopping rule
 (``early_stopping="never"``, the default), beam 4 with ``early_stopping=True``, greedy; CTranslate2 has
 one stopping rule of its own, so its two beam cases are one (``beam4``). Batch sizes: ``--batch_sizes``;
@@ -31,8 +31,8 @@ Cases run round-robin (every case once per round, ``--rounds`` rounds) after one
 each worker; the JSON (``--json_out``) keeps every run, :func:`summarize` turns one or more of them into
 the Markdown table of benchmarks/RESULTS.md (medians and min–max over all rounds):
 
-    python benchmarks/real_text.py --model_dir /tmp/rt27/recipe/averaged --json_out /tmp/rt27/a.json
-    python benchmarks/real_text.py --summarize /tmp/rt27/a.json /tmp/rt27/b.json
+    python -m benchmarks.real_text.run --model_dir /tmp/rt27/recipe/averaged --json_out /tmp/rt27/a.json
+    python -m benchmarks.real_text.run --summarize /tmp/rt27/a.json /tmp/rt27/b.json
 
 Words/s counts the source words (whitespace-separated) of the sentences translated, the same for every
 route. Threads: ``--threads`` for torch, ONNX Runtime and CTranslate2 (``OMP_NUM_THREADS`` for the
@@ -58,10 +58,11 @@ from typing import Any
 
 import sacrebleu
 import torch
-from bench_timing import load_average, machine_description
-from engine_process import CT2_THREADS_HELP, EngineProcess, engine_threads
-from real_text_worker import CT2_DECODINGS, DECODINGS, GENERATE_ONLY, HF_DECODINGS, ROUTES
 
+from benchmarks.common.engine_process import CT2_THREADS_HELP, EngineProcess, engine_threads
+from benchmarks.common.results import metadata
+from benchmarks.common.timing import load_average, machine_description
+from benchmarks.real_text.worker import CT2_DECODINGS, DECODINGS, GENERATE_ONLY, HF_DECODINGS, ROUTES
 from hf_vanilla.inference.loading import load_model_and_tokenizer
 from hf_vanilla.inference.options import InferenceModelArguments
 
@@ -132,12 +133,19 @@ def bleu(hypotheses: list[str], references: list[str]) -> float:
 
 
 class Worker(EngineProcess):
-    """A process that loads one generate-mode route (``real_text_worker.py``) and times
+    """A process that loads one generate-mode route (``benchmarks/real_text/worker.py``) and times
     :func:`~hf_vanilla.inference.translation.translate` calls sent to it: one engine per process."""
 
     def __init__(self, route: str, folder: Path, model_dir: Path, threads: int) -> None:
-        worker = Path(__file__).with_name("real_text_worker.py")
-        command = [sys.executable, str(worker), route, str(folder), str(model_dir), str(threads)]
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.real_text.worker",
+            route,
+            str(folder),
+            str(model_dir),
+            str(threads),
+        ]
         super().__init__(command, threads, route)
 
     def translate(self, sentences: list[str], decoding: str, batch_size: int) -> tuple[float, list[str]]:
@@ -214,6 +222,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for worker in workers.values():  # warm-up: one batch each, untimed
         worker.translate(sources[:32], "greedy", 32)
     results: dict[str, Any] = {"arguments": vars(args), "machine": machine_description(), "runs": []}
+    meta = metadata()
     for round_index in range(args.rounds):
         for case in cases:
             time.sleep(args.settle)  # the last engine's spinning threads wind down
@@ -238,7 +247,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             results["runs"].append(record)
             if args.json_out:  # after every run: a block cut short by a time limit keeps what it measured
-                Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
+                report = {"meta": meta, **results, "table": table(results["runs"])}
+                Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
             sys.stdout.write(f"{case.name}: {seconds:.2f} s, BLEU {record['bleu']}, load {load:.2f}\n")
             sys.stdout.flush()
     for worker in workers.values():
@@ -246,27 +256,47 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def summarize(files: list[str], out: Callable[[str], object] = sys.stdout.write) -> None:
-    """The Markdown table of one or more JSON results: per case, median and min–max seconds over all
-    runs, words/s at the median, BLEU (the same in every run of a case unless the route is not
+def table(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The comparison's table (:mod:`benchmarks.common.results`): per case, median and min–max seconds
+    over all runs, words/s at the median, BLEU (the same in every run of a case unless the route is not
     deterministic: the range is shown then), number of runs, load average range."""
     runs: dict[str, list[dict[str, Any]]] = {}
-    for file in files:
-        for record in json.loads(Path(file).read_text())["runs"]:
-            runs.setdefault(record["case"], []).append(record)
-    out("| case | sentences | median s | min–max s | words/s | BLEU | runs | load |\n")
-    out("|---|---|---|---|---|---|---|---|\n")
-    for name, records in sorted(runs.items()):
-        seconds = [r["seconds"] for r in records]
+    for record in records:
+        runs.setdefault(record["case"], []).append(record)
+    rows = []
+    for name, group in sorted(runs.items()):
+        seconds = [r["seconds"] for r in group]
         median = statistics.median(seconds)
-        scores = sorted({round(r["bleu"], 2) for r in records if r["bleu"] is not None})
-        score = "—" if not scores else " / ".join(f"{s:.2f}" for s in scores)
-        loads = [r["load"] for r in records]
-        out(
-            f"| {name} | {records[0]['sentences']} | {median:.2f} | {min(seconds):.2f}–{max(seconds):.2f} | "
-            f"{records[0]['source_words'] / median:.0f} | {score} | {len(records)} | "
-            f"{min(loads):.1f}–{max(loads):.1f} |\n"
+        scores = sorted({round(r["bleu"], 2) for r in group if r["bleu"] is not None})
+        loads = [r["load"] for r in group]
+        rows.append(
+            [
+                name,
+                group[0]["sentences"],
+                f"{median:.2f}",
+                f"{min(seconds):.2f}–{max(seconds):.2f}",
+                f"{group[0]['source_words'] / median:.0f}",
+                "—" if not scores else " / ".join(f"{s:.2f}" for s in scores),
+                len(group),
+                f"{min(loads):.1f}–{max(loads):.1f}",
+            ]
         )
+    return {
+        "title": "hf_vanilla's routes against CTranslate2 on real text",
+        "columns": ["case", "sentences", "median s", "min–max s", "words/s", "BLEU", "runs", "load"],
+        "rows": rows,
+        "note": "A case is mode/route/decoding/batch size: `generate` times the decoding loop, `cli` the whole command.",
+    }
+
+
+def summarize(files: list[str], out: Callable[[str], object] = sys.stdout.write) -> None:
+    """The Markdown table of one or more JSON results (:func:`table` over all their runs)."""
+    records = [record for file in files for record in json.loads(Path(file).read_text())["runs"]]
+    rendered = table(records)
+    out("| " + " | ".join(rendered["columns"]) + " |\n")
+    out("|" + "---|" * len(rendered["columns"]) + "\n")
+    for row in rendered["rows"]:
+        out("| " + " | ".join(str(value) for value in row) + " |\n")
 
 
 def main() -> None:

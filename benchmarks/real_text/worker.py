@@ -1,4 +1,4 @@
-"""One engine of ``benchmarks/real_text.py`` in a process of its own (see ``real_text.Worker``).
+"""One engine of ``benchmarks/real_text/run.py`` in a process of its own (see ``real_text.Worker``).
 
 CTranslate2's and ONNX Runtime's thread pools and torch's slow each other down in one process, so each
 route decodes in a worker that imports only its engine: a CTranslate2 route imports no torch (as
@@ -13,8 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine_process import Message, serve
-
+from benchmarks.common.engine_process import Message, serve
 from hf_vanilla.inference.options import DecodingOptions, InferenceModelArguments
 from hf_vanilla.inference.translation import translate
 
@@ -135,7 +134,7 @@ class Replay:
 
 
 def main() -> None:
-    """``real_text_worker.py ROUTE FOLDER MODEL_DIR THREADS``: load the route, then time each request
+    """``python -m benchmarks.real_text.worker ROUTE FOLDER MODEL_DIR THREADS``: load the route, then time each request
     (sentences, decoding, batch size) and answer with the seconds and the translations."""
     route, folder, model_dir, threads = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 

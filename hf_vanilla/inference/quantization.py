@@ -1,7 +1,7 @@
 """Reduced-precision CPU inference through the ecosystem's own routes, by name.
 
 Each route is what a user would write by hand; this module only names them, so that the command lines
-(``--quantization``) and ``benchmarks/bench.py`` run the same code:
+(``--quantization``) and ``benchmarks/marian/run.py`` run the same code:
 
 ======================== =========================================================================
 route                    what it is

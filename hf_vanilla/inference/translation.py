@@ -12,7 +12,7 @@ output length during inference to input length + 50, but terminate early when po
 * **"Terminate early when possible"**: beam search stops when no running hypothesis can still beat
   the finished ones: transformers' ``early_stopping="never"``, the default of ``early_stopping``
   here. ``"true"`` stops as soon as ``num_beams`` hypotheses have finished, ``"false"`` uses HF's
-  heuristic (``benchmarks/early_stopping.py`` compares them).
+  heuristic (``benchmarks/experiments/early_stopping.py`` compares them).
 * **Length penalty α = 0.6**. The paper's α refers to the GNMT penalty (Wu et al., 2016, Eq. 14)
   lp(Y) = ((5 + |Y|) / 6)^α, score(Y) = log P(Y | X) / lp(Y). Hugging Face beam search has one fixed
   formula, score(Y) = log P(Y | X) / |Y|^α, applied inside the search when a hypothesis finishes. Two

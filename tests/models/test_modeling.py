@@ -309,7 +309,7 @@ def test_compiled_training_step_has_no_graph_break_and_equals_eager(batch, fast_
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
-#: benchmarks/early_stopping.py's tiny configuration.
+#: benchmarks/experiments/early_stopping.py's tiny configuration.
 TINY_EARLY_STOPPING = {
     "vocab_size": 100, "d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
     "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
@@ -332,7 +332,7 @@ def test_generate_with_cache_equals_without(model, batch, mode: str) -> None:
 def test_the_default_early_stopping_never_finds_a_better_hypothesis_than_true() -> None:
     """§6.1's "terminate early when possible" is transformers' ``early_stopping="never"`` (stop when no
     running hypothesis can beat the finished ones), not ``True`` (stop once ``num_beams`` have
-    finished). A case found by benchmarks/early_stopping.py (its model seed 2, source 2 of the first
+    finished). A case found by benchmarks/experiments/early_stopping.py (its model seed 2, source 2 of the first
     batch): ``True`` returns a 3-token hypothesis scoring -2.21; the default search goes on to a
     56-token one scoring -0.48 (log P / |Y|^0.6)."""
     torch.manual_seed(2)
