@@ -343,3 +343,14 @@ def test_no_issue_numbers_in_docs_or_benchmarks() -> None:
         if pattern.search(line)
     ]
     assert not found, found
+
+
+def test_paper_page_links_each_part_to_the_line_that_holds_it() -> None:
+    """paper.md maps the paper to the code by links [`symbol`](file.py#Lnn): line nn of the file must name
+    the symbol, so a link that a change has moved fails here (update its line number)."""
+    text = (ROOT / "docs" / "paper.md").read_text(encoding="utf-8")
+    links = re.findall(r"\[`(\w+)`\]\(([^)#]+\.py)#L(\d+)\)", text)
+    assert len(links) >= 20
+    for symbol, target, line in links:
+        source = (ROOT / "docs" / target).resolve().read_text(encoding="utf-8").splitlines()
+        assert re.search(rf"\b{symbol}\b", source[int(line) - 1]), f"{target}#L{line} does not hold {symbol}"
