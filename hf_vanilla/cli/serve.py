@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -58,6 +59,7 @@ def _run(argv: list[str]) -> None:
     from hf_vanilla.inference.translation import check_batching
 
     check_batching(model_args.batch_size, model_args.max_tokens)
+    listener = _listen(options.host, options.port)  # before loading the model
     model, tokenizer = load_model_and_tokenizer(model_args, allow_ctranslate2=True)
     api_key = os.environ.get(API_KEY_VARIABLE) or None
     if api_key is None and options.host not in ("127.0.0.1", "localhost", "::1"):
@@ -69,9 +71,22 @@ def _run(argv: list[str]) -> None:
         model, tokenizer, options, decoding, device, model_args.batch_size, model_args.max_tokens, api_key
     )
     server = _draining_server()(uvicorn.Config(app, host=options.host, port=options.port, log_level="info"))
-    server.run()
+    with listener:
+        server.run(sockets=[listener])
     if server.interrupted:
         raise KeyboardInterrupt
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port``, or an error naming the flags when it cannot be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as err:
+        raise OSError(
+            f"--host {host} --port {port}: cannot listen there ({err.strerror or err}): give a free --port "
+            "(or stop the program holding it), or another --host."
+        ) from None
 
 
 def _draining_server() -> type:

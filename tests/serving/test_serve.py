@@ -289,3 +289,16 @@ def test_health_and_the_openapi_docs(loaded: tuple[object, object]) -> None:
     request = schema["components"]["schemas"]["TranslateRequest"]["properties"]
     assert {"texts", "max_length", "nbest", *DecodingOptions.__dataclass_fields__} <= set(request)
     assert {"400", "413", "422", "503"} <= set(schema["paths"]["/translate"]["post"]["responses"])
+
+
+def test_a_port_in_use_is_refused_in_one_line_before_loading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hf_vanilla.cli.serve import main
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        status = main(["--model_dir", str(tmp_path / "no-model-here"), "--port", str(port)])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and len(error) == 1
+    assert error[0].startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen there")
