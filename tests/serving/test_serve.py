@@ -302,3 +302,23 @@ def test_a_port_in_use_is_refused_in_one_line_before_loading(
     error = capsys.readouterr().err.strip().splitlines()
     assert status == 1 and len(error) == 1
     assert error[0].startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen there")
+
+
+@pytest.mark.slow
+def test_the_load_benchmark_runs_every_setting(tmp_path: Path) -> None:
+    """benchmarks/serve_load.py at a tiny size: every backend and setting answers every request."""
+    out = tmp_path / "serve_load.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
+    tiny = ["--clients", "2", "--requests", "2", "--new_tokens", "3", "--d_model", "64", "--layers", "1"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "serve_load.py"), *tiny, "--json_out", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {(row["backend"], row["setting"]) for row in rows} == {
+        (backend, setting)
+        for backend in ("transformers", "ctranslate2")
+        for setting in ("batched", "one at a time")
+    }
+    assert all(row["requests"] == 4 and row["p50_ms"] <= row["p99_ms"] for row in rows)
