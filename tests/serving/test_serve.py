@@ -322,3 +322,35 @@ def test_the_load_benchmark_runs_every_setting(tmp_path: Path) -> None:
         for setting in ("batched", "one at a time")
     }
     assert all(row["requests"] == 4 and row["p50_ms"] <= row["p99_ms"] for row in rows)
+
+
+def test_the_batcher_joins_only_requests_of_equal_settings_within_the_token_cap() -> None:
+    """Requests queued while the worker waits: those of equal settings join up to the token cap, in
+    arrival order; other settings and a seeded request get batches of their own; every request gets
+    its own results back."""
+    from hf_vanilla.serving.batcher import RequestBatcher
+
+    batches: list[tuple[str, list[str]]] = []
+    batcher = RequestBatcher(
+        lambda settings, texts: batches.append((settings, texts)) or [t.upper() for t in texts],
+        max_batch_tokens=5,
+        max_wait=0.5,
+        max_queue=10,
+    )
+    submitted = [
+        (["a", "b"], 2, "beam4", False),
+        (["c"], 1, "greedy", False),
+        (["d", "e"], 2, "beam4", False),
+        (["f", "g"], 2, "beam4", False),  # over the cap of 5 tokens with the first two
+        (["h"], 1, "beam4", True),  # alone (seeded)
+    ]
+    futures = [batcher.submit(texts, tokens, key, key, alone) for texts, tokens, key, alone in submitted]
+    batcher.start()
+    batcher.close()
+    assert [future.result() for future in futures] == [[t.upper() for t in s[0]] for s in submitted]
+    assert batches == [
+        ("beam4", ["a", "b", "d", "e"]),
+        ("greedy", ["c"]),
+        ("beam4", ["f", "g"]),
+        ("beam4", ["h"]),
+    ]
