@@ -16,6 +16,10 @@ USED_FROM_OUTSIDE: dict[str, str] = {
     "read_split_files": "hf_vanilla.data.loading: a split's pairs as lists, for users",
     "disabled": "fast_paths.disabled(): run the model on stock operators",
     "resize_decoder_token_embeddings": "MarianMTModel's API for separate vocabularies",
+    # uvicorn calls or reads these (hf_vanilla.cli.serve's server).
+    "capture_signals": "uvicorn.Server hook: the signal handlers while it serves",
+    "should_exit": "uvicorn.Server attribute: stop taking requests",
+    "force_exit": "uvicorn.Server attribute: stop at once",
     # transformers calls or reads these.
     "config_class": "PreTrainedModel / GenerationMixin class attribute",
     "base_model_prefix": "PreTrainedModel class attribute",

@@ -17,6 +17,7 @@
 | ``hf-vanilla-export-onnx`` | :mod:`hf_vanilla.cli.export_onnx` |
 | ``hf-vanilla-demo`` | :mod:`hf_vanilla.cli.demo` |
 | ``hf-vanilla-app`` | :mod:`hf_vanilla.cli.app` (the web demo) |
+| ``hf-vanilla-serve`` | :mod:`hf_vanilla.cli.serve` (translation over HTTP) |
 
 Each command (and ``python -m hf_vanilla.demo``) has a ``main(argv)`` that returns an exit status
 through :func:`run_cli`:

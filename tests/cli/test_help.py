@@ -29,6 +29,7 @@ DATACLASS_COMMANDS = [
     "demo",
     "train_tokenizer",
     "average_checkpoints",
+    "serve",
 ]
 COMMANDS = [*DATACLASS_COMMANDS, "app", "train"]
 HEAVY = ("torch", "transformers", "huggingface_hub", "datasets", "evaluate", "accelerate", "sacrebleu")

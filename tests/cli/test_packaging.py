@@ -26,6 +26,7 @@ COMMANDS = {
     "hf-vanilla-demo": "hf_vanilla.cli.demo:main",
     "hf-vanilla-app": "hf_vanilla.cli.app:main",
     "hf-vanilla-export-onnx": "hf_vanilla.cli.export_onnx:main",
+    "hf-vanilla-serve": "hf_vanilla.cli.serve:main",
 }
 
 
