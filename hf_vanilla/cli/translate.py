@@ -9,7 +9,9 @@ when the input pauses for 0.1 s, or at its end). Blank lines give blank lines. W
 line gives N lines "INDEX<TAB>SCORE<TAB>TRANSLATION", best first (INDEX: the input line, from 0; SCORE:
 log P / |Y|^α, or the GNMT penalty's with --length_penalty_type gnmt; CTranslate2: its own); a blank line gives
 "INDEX<TAB><TAB>". With --do_sample (back-translation), --nbest N gives N samples per line. With
---target_prefix_file, each translation starts with its line's prefix. An existing --output_file is kept unless --overwrite is given.
+--target_prefix_file, each translation starts with its line's prefix. With --ensemble B,C the models of
+--model_name_or_path, B and C translate together (their next-token probabilities averaged at each step).
+An existing --output_file is kept unless --overwrite is given.
 """
 
 from __future__ import annotations
@@ -74,6 +76,14 @@ class IOArguments:
             "bound)."
         },
     )
+    ensemble: str | None = field(
+        default=None,
+        metadata={
+            "help": "More model folders, separated by commas (e.g. runs/b,runs/c): translate with the ensemble of "
+            "--model_name_or_path and these, their next-token distributions averaged at every step of the search. "
+            "Same vocabulary; transformers backend."
+        },
+    )
 
 
 def _run(argv: list[str]) -> None:
@@ -108,7 +118,13 @@ def _run(argv: list[str]) -> None:
     check_nbest(io.nbest, decoding.num_beams, decoding.do_sample)
     if io.max_length is not None and io.max_length < 1:
         raise ValueError(f"--max_length must be a positive number of tokens, got {io.max_length}.")
-    if resolve_backend(model_args) == "ctranslate2":
+    if io.ensemble is not None:
+        from hf_vanilla.inference.ensemble import load_ensemble, parse_ensemble
+
+        folders = parse_ensemble(io.ensemble)
+        model, tokenizer = load_ensemble(model_args, folders)
+        described = f"ensemble of {len(folders) + 1} models, {decoding.describe()}"
+    elif resolve_backend(model_args) == "ctranslate2":
         model, tokenizer = load_ctranslate2_and_tokenizer(model_args)
         described = model.describe(decoding)
     else:

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import varied_model_folder, word_tokenizer
+from helpers import tiny_model, varied_model_folder, word_tokenizer
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
 
 from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
@@ -305,3 +307,128 @@ def test_a_sentence_too_long_is_named_by_its_input_line(folder: Path) -> None:
     long = " ".join(f"w{i}" for i in range(70))
     with pytest.raises(InputTooLongError, match=r"^sentence 3: 71 tokens"):
         translate(model, tokenizer, ["w1. w2.", "", f"w3. {long}."], GREEDY, split_sentences="en")
+
+
+# --------------------------------------------------------------------------------------------------
+# Ensembles
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def other(folder: Path) -> Path:
+    """A second model folder with the same tokenizer as ``folder`` and other weights."""
+    from hf_vanilla.hub.folder import save_model_folder
+
+    model = tiny_model(seed=5)
+    with torch.no_grad():
+        model.model.shared.weight.mul_(3)
+    return save_model_folder(model, word_tokenizer(), folder.parent / "other")
+
+
+@pytest.mark.parametrize("options", [GREEDY, DecodingOptions(num_beams=4)], ids=["greedy", "beam4"])
+def test_an_ensemble_of_one_decodes_as_the_model_alone(folder: Path, options: DecodingOptions) -> None:
+    from hf_vanilla.inference.ensemble import ensemble
+
+    model, tokenizer = _load(folder)
+    nbest = options.num_beams
+    alone = translate_nbest(model, tokenizer, LINES, options, batch_size=2, nbest=nbest)
+    together = translate_nbest(ensemble([model]), tokenizer, LINES, options, batch_size=2, nbest=nbest)
+    assert [[h.text for h in line] for line in together] == [[h.text for h in line] for line in alone]
+    scores = [h.score for line in together for h in line]
+    assert scores == pytest.approx([h.score for line in alone for h in line], abs=1e-5)
+    assert any(len(line[0].text.split()) > 3 for line in alone)  # long outputs: many steps compared
+    # Two copies of one model: the same distribution at every step, each copy with its own cache.
+    twice = translate_nbest(ensemble([model, model]), tokenizer, LINES, options, batch_size=2, nbest=nbest)
+    assert [[h.text for h in line] for line in twice] == [[h.text for h in line] for line in alone]
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_an_ensemble_averages_its_members_next_token_probabilities(
+    folder: Path, other: Path, num_beams: int
+) -> None:
+    from hf_vanilla.inference.ensemble import ensemble
+
+    (first, tokenizer), (second, _) = _load(folder), _load(other)
+    batch = tokenizer(LINES[2:4], padding=True, return_tensors="pt")
+    start = torch.full((2, 1), first.config.decoder_start_token_id)
+    with torch.no_grad():
+        members = [
+            model(**batch, decoder_input_ids=start).logits[:, -1].softmax(-1) for model in (first, second)
+        ]
+    expected = ((members[0] + members[1]) / 2).log()  # step 1, by hand
+    out = ensemble([first, second]).generate(
+        **batch, num_beams=num_beams, output_logits=True, return_dict_in_generate=True, max_new_tokens=3
+    )
+    step1 = out.logits[0][::num_beams]  # what generate() decoded from at step 1 (one row per sentence)
+    assert torch.allclose(step1.log_softmax(-1), expected, atol=1e-5)
+    assert not torch.allclose(members[0].log(), expected, atol=1e-2)  # neither member's alone
+    assert not torch.allclose(members[1].log(), expected, atol=1e-2)
+
+
+def test_an_ensemble_aligns_with_its_members_mean_attention(folder: Path) -> None:
+    from hf_vanilla.inference.ensemble import ensemble
+
+    model, tokenizer = _load(folder)
+    alone = translate_nbest(model, tokenizer, LINES, GREEDY, alignments=True)
+    twice = translate_nbest(ensemble([model, model]), tokenizer, LINES, GREEDY, alignments=True)
+    assert [h.alignment for line in twice for h in line] == [h.alignment for line in alone for h in line]
+
+
+def _swapped_tokenizer() -> PreTrainedTokenizerFast:
+    """:func:`word_tokenizer` with the ids of two words swapped: the same size, another vocabulary."""
+    vocab = word_tokenizer().get_vocab()
+    vocab["w0"], vocab["w1"] = vocab["w1"], vocab["w0"]
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def test_the_cli_translates_with_an_ensemble_and_refuses_what_cannot_be_ensembled(
+    folder: Path, other: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from hf_vanilla.cli.translate import main
+    from hf_vanilla.hub.folder import save_model_folder
+
+    (tmp_path / "in.txt").write_text("w4 w5\n\nw7\n")
+    args = ["--model_name_or_path", str(folder), "--input_file", str(tmp_path / "in.txt"), "--num_beams", "2"]
+    assert main([*args, "--ensemble", str(other), "--output_file", str(tmp_path / "out")]) == 0
+    model, tokenizer = _load(folder)
+    from hf_vanilla.inference.ensemble import ensemble
+
+    expected = translate(
+        ensemble([model, _load(other)[0]]), tokenizer, ["w4 w5", "", "w7"], DecodingOptions(num_beams=2)
+    )
+    assert (tmp_path / "out").read_text().splitlines() == expected
+    capsys.readouterr()
+
+    def refused(*flags: str) -> str:
+        assert main([*args, *flags]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        return err[-1]
+
+    save_model_folder(tiny_model(seed=6), _swapped_tokenizer(), tmp_path / "swapped")  # another vocabulary
+    assert refused("--ensemble", f"{other},{tmp_path / 'swapped'}") == (
+        f"error: --ensemble: {tmp_path / 'swapped'} and {folder} have different vocabularies (their tokenizers map "
+        "100 and 100 tokens to ids differently); an ensemble averages next-token distributions over one "
+        "vocabulary: give models trained with the same tokenizer."
+    )
+    assert refused("--ensemble", f"{other},").startswith("error: --ensemble '")
+    pytest.importorskip("ctranslate2")
+    from hf_vanilla.interop.export_ctranslate2 import export_ctranslate2
+
+    ct2 = folder.parent / "ct2"
+    if not ct2.exists():
+        export_ctranslate2(folder, ct2)
+    message = "error: --ensemble needs --backend transformers: CTranslate2 translates with one model"
+    assert refused("--ensemble", str(ct2)).startswith(message)
+    assert refused("--ensemble", str(other), "--backend", "ctranslate2").startswith(message)
+
+
+def test_an_ensemble_refuses_models_over_other_vocabularies() -> None:
+    from hf_vanilla.inference.ensemble import ensemble
+
+    with pytest.raises(
+        ValueError, match=r"^--ensemble: b and a have different vocabularies \(vocab_size 90 vs 100\)"
+    ):
+        ensemble([tiny_model(), tiny_model(vocab_size=90)], ["a", "b"])
