@@ -56,9 +56,10 @@ class IOArguments:
     alignment_file: str | None = field(
         default=None,
         metadata={
+            "aliases": ["--print_alignment", "--print-alignment"],
             "help": "Also write each translation's hard alignment here, one line per input line: SRC-TGT token "
-            "indices from 0 (e.g. '0-0 2-1'), from the penultimate decoder layer's cross-attention averaged over "
-            "heads. Transformers backend, not with --nbest."
+            "indices from 0 (e.g. '0-0 2-1'), from the last decoder layer's cross-attention averaged over heads. "
+            "--print_alignment FILE is the same option (fairseq's name). Transformers backend, not with --nbest.",
         },
     )
     split_sentences: str | None = field(
