@@ -401,21 +401,32 @@ def other(folder: Path) -> Path:
     return save_model_folder(model, word_tokenizer(), folder.parent / "other")
 
 
-@pytest.mark.parametrize("options", [GREEDY, DecodingOptions(num_beams=4)], ids=["greedy", "beam4"])
-def test_an_ensemble_of_one_decodes_as_the_model_alone(folder: Path, options: DecodingOptions) -> None:
+@pytest.mark.parametrize(
+    ("options", "nbest"),
+    [(GREEDY, 1), (DecodingOptions(num_beams=4), 4), (_sampling(seed=3, temperature=2.0), 3)],
+    ids=["greedy", "beam4", "sampling"],
+)
+def test_an_ensemble_of_one_decodes_as_the_model_alone(
+    folder: Path, options: DecodingOptions, nbest: int
+) -> None:
     from hf_vanilla.inference.ensemble import ensemble
 
     model, tokenizer = _load(folder)
-    nbest = options.num_beams
-    alone = translate_nbest(model, tokenizer, LINES, options, batch_size=2, nbest=nbest)
-    together = translate_nbest(ensemble([model]), tokenizer, LINES, options, batch_size=2, nbest=nbest)
-    assert [[h.text for h in line] for line in together] == [[h.text for h in line] for line in alone]
+    prefixes = ["w90", "", "", "w92 w93", ""]  # lines with and without forced decoding
+    alone = translate_nbest(model, tokenizer, LINES, options, batch_size=2, nbest=nbest, prefixes=prefixes)
+    together = translate_nbest(
+        ensemble([model]), tokenizer, LINES, options, batch_size=2, nbest=nbest, prefixes=prefixes
+    )
+    texts = [[h.text for h in line] for line in together]
+    assert texts == [[h.text for h in line] for line in alone]
     scores = [h.score for line in together for h in line]
     assert scores == pytest.approx([h.score for line in alone for h in line], abs=1e-5)
     assert any(len(line[0].text.split()) > 3 for line in alone)  # long outputs: many steps compared
     # Two copies of one model: the same distribution at every step, each copy with its own cache.
-    twice = translate_nbest(ensemble([model, model]), tokenizer, LINES, options, batch_size=2, nbest=nbest)
-    assert [[h.text for h in line] for line in twice] == [[h.text for h in line] for line in alone]
+    twice = translate_nbest(
+        ensemble([model, model]), tokenizer, LINES, options, batch_size=2, nbest=nbest, prefixes=prefixes
+    )
+    assert [[h.text for h in line] for line in twice] == texts
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
