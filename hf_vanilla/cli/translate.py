@@ -59,7 +59,7 @@ class IOArguments:
             "aliases": ["--print_alignment", "--print-alignment"],
             "help": "Also write each translation's hard alignment here, one line per input line: SRC-TGT token "
             "indices from 0 (e.g. '0-0 2-1'), from the last decoder layer's cross-attention averaged over heads. "
-            "--print_alignment FILE is the same option (fairseq's name). Transformers backend, not with --nbest.",
+            "--print_alignment FILE is the same option (fairseq's name). Not with --nbest.",
         },
     )
     split_sentences: str | None = field(

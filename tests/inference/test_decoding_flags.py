@@ -128,8 +128,30 @@ def test_both_backends_force_the_same_greedy_prefixes(folder: Path) -> None:
     prefixes = ["w90 w91", "", "w3", "w92", ""]
     outputs = [translate(*_load(path), LINES, GREEDY, prefixes=prefixes) for path in (folder, Path(ct2))]
     assert outputs[0] == outputs[1] and outputs[0][0].startswith("w90 w91")
-    with pytest.raises(ValueError, match=r"^--alignment_file needs --backend transformers: CTranslate2"):
-        translate_nbest(*_load(Path(ct2)), LINES, GREEDY, alignments=True)
+
+
+def test_both_backends_align_alike_and_an_export_with_other_attention_is_refused(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("ctranslate2")
+    from hf_vanilla.interop.export_ctranslate2 import export_ctranslate2
+
+    ct2 = folder.parent / "ct2"
+    if not ct2.exists():
+        export_ctranslate2(folder, ct2)
+    prefixes = ["w90 w91", "", "", "", ""]  # prefix tokens are aligned too
+    aligned = [
+        [h.alignment for line in translate_nbest(*_load(path), LINES, GREEDY, alignments=True, prefixes=prefixes)
+         for h in line]
+        for path in (folder, ct2)
+    ]  # fmt: skip
+    assert aligned[0] == aligned[1] and len({pair[0] for pairs in aligned[0] for pair in pairs}) > 2
+    # An export whose attention is CTranslate2's default (written before the export averaged the heads).
+    monkeypatch.setattr(
+        "hf_vanilla.inference.ctranslate2.CTRANSLATE2_ALIGNMENT", {"alignment_attention": "?"}
+    )
+    with pytest.raises(ValueError, match=r"^--alignment_file: this CTranslate2 export's attention is"):
+        translate_nbest(*_load(ct2), LINES, GREEDY, alignments=True)
 
 
 # --------------------------------------------------------------------------------------------------
