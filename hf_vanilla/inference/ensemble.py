@@ -30,6 +30,7 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.utils import ModelOutput
 
 from hf_vanilla.inference.ctranslate2 import resolve_backend
+from hf_vanilla.inference.loading import load_model_and_tokenizer
 from hf_vanilla.inference.options import InferenceModelArguments
 
 __all__ = [
@@ -296,8 +297,6 @@ def load_ensemble(args: InferenceModelArguments, folders: Sequence[str]) -> tupl
     """The ensemble of ``args.model_name_or_path`` and ``folders`` (each loaded as ``args`` says) and the
     first one's tokenizer. A CTranslate2 export, or a folder whose tokenizer has another vocabulary than the
     first's, is refused in one line naming it."""
-    from hf_vanilla.inference.loading import load_model_and_tokenizer
-
     names = [args.model_name_or_path, *folders]
     members = [dataclasses.replace(args, model_name_or_path=name) for name in names]
     if any(resolve_backend(member) == "ctranslate2" for member in members):
@@ -308,11 +307,9 @@ def load_ensemble(args: InferenceModelArguments, folders: Sequence[str]) -> tupl
         if tokenizer is None:
             tokenizer = member_tokenizer
         elif member_tokenizer.get_vocab() != tokenizer.get_vocab():
-            raise ValueError(
-                _different_vocabularies(
-                    names[0], name, f"their tokenizers map {len(member_tokenizer)} and {len(tokenizer)} tokens "
-                    "to ids differently",
-                )
-            )  # fmt: skip
+            ids, first_ids = member_tokenizer.get_vocab(), tokenizer.get_vocab()
+            token = min(token for token in {*ids, *first_ids} if ids.get(token) != first_ids.get(token))
+            detail = f"token {token!r}: id {ids.get(token)} vs {first_ids.get(token)}"
+            raise ValueError(_different_vocabularies(names[0], name, detail))
         models.append(model)
     return ensemble(models, names), tokenizer

@@ -520,8 +520,8 @@ def test_the_cli_translates_with_an_ensemble_and_refuses_what_cannot_be_ensemble
 
     save_model_folder(tiny_model(seed=6), _swapped_tokenizer(), tmp_path / "swapped")  # another vocabulary
     assert refused("--ensemble", f"{other},{tmp_path / 'swapped'}") == (
-        f"error: --ensemble: {tmp_path / 'swapped'} and {folder} have different vocabularies (their tokenizers map "
-        "100 and 100 tokens to ids differently); an ensemble averages next-token distributions over one "
+        f"error: --ensemble: {tmp_path / 'swapped'} and {folder} have different vocabularies (token 'w0': "
+        "id 5 vs 4); an ensemble averages next-token distributions over one "
         "vocabulary: give models trained with the same tokenizer."
     )
     assert refused("--ensemble", f"{other},").startswith("error: --ensemble '")
