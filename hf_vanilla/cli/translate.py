@@ -9,7 +9,9 @@ when the input pauses for 0.1 s, or at its end). Blank lines give blank lines. W
 line gives N lines "INDEX<TAB>SCORE<TAB>TRANSLATION", best first (INDEX: the input line, from 0; SCORE:
 log P / |Y|^α, or the GNMT penalty's with --length_penalty_type gnmt; CTranslate2: its own); a blank line gives
 "INDEX<TAB><TAB>". With --do_sample (back-translation), --nbest N gives N samples per line. With
---target_prefix_file, each translation starts with its line's prefix. An existing --output_file is kept unless --overwrite is given.
+--target_prefix_file, each translation starts with its line's prefix. With --ensemble B,C the models of
+--model_name_or_path, B and C translate together (their next-token probabilities averaged at each step).
+An existing --output_file is kept unless --overwrite is given.
 """
 
 from __future__ import annotations
@@ -54,9 +56,10 @@ class IOArguments:
     alignment_file: str | None = field(
         default=None,
         metadata={
+            "aliases": ["--print_alignment", "--print-alignment"],
             "help": "Also write each translation's hard alignment here, one line per input line: SRC-TGT token "
-            "indices from 0 (e.g. '0-0 2-1'), from the penultimate decoder layer's cross-attention averaged over "
-            "heads. Transformers backend, not with --nbest."
+            "indices from 0 (e.g. '0-0 2-1'), from the last decoder layer's cross-attention averaged over heads. "
+            "--print_alignment FILE is the same option (fairseq's name). Not with --nbest.",
         },
     )
     split_sentences: str | None = field(
@@ -72,6 +75,14 @@ class IOArguments:
             "help": "Target prefixes, UTF-8, one per input line (a blank line: none): each translation starts "
             "with its prefix's tokens and the rest is decoded (forced decoding; the prefix counts in the length "
             "bound)."
+        },
+    )
+    ensemble: str | None = field(
+        default=None,
+        metadata={
+            "help": "More model folders, separated by commas (e.g. runs/b,runs/c): translate with the ensemble of "
+            "--model_name_or_path and these, their next-token distributions averaged at every step of the search. "
+            "Same vocabulary; transformers backend."
         },
     )
 
@@ -108,7 +119,13 @@ def _run(argv: list[str]) -> None:
     check_nbest(io.nbest, decoding.num_beams, decoding.do_sample)
     if io.max_length is not None and io.max_length < 1:
         raise ValueError(f"--max_length must be a positive number of tokens, got {io.max_length}.")
-    if resolve_backend(model_args) == "ctranslate2":
+    if io.ensemble is not None:
+        from hf_vanilla.inference.ensemble import load_ensemble, parse_ensemble
+
+        folders = parse_ensemble(io.ensemble)
+        model, tokenizer = load_ensemble(model_args, folders)
+        described = f"ensemble of {len(folders) + 1} models, {decoding.describe()}"
+    elif resolve_backend(model_args) == "ctranslate2":
         model, tokenizer = load_ctranslate2_and_tokenizer(model_args)
         described = model.describe(decoding)
     else:

@@ -16,7 +16,7 @@ from hf_vanilla.inference.options import (
 )
 from hf_vanilla.io.checksums import verify_checksums
 from hf_vanilla.io.json_files import read_json
-from hf_vanilla.io.manifest import CTRANSLATE2_WEIGHTS, is_ctranslate2_folder
+from hf_vanilla.io.manifest import CTRANSLATE2_ALIGNMENT, CTRANSLATE2_WEIGHTS, is_ctranslate2_folder
 from hf_vanilla.models import paper_decoding
 
 if TYPE_CHECKING:
@@ -115,6 +115,11 @@ class CTranslate2Model:
         defaults = read_json(generation, hint=_EXPORT_AGAIN) if generation.is_file() else {}
         self.max_length_offset = int(defaults.get("max_length_offset", paper_decoding()["max_length_offset"]))
         self.config = self._vocabulary_config(folder, defaults)
+        ct2_config = read_json(folder / "config.json", hint=_EXPORT_AGAIN)
+        #: Whether CTranslate2's attention is the one alignments are read from (see :meth:`hard_alignments`).
+        self.attention_aligns = all(
+            ct2_config.get(key) == value for key, value in CTRANSLATE2_ALIGNMENT.items()
+        )
         self._translator_args = {
             "device": device_type,
             "device_index": device_index,
@@ -235,3 +240,29 @@ class CTranslate2Model:
         if copies > 1:  # samples best first, as n-best lists are
             hypotheses = [sorted(sentence, key=lambda hypothesis: -hypothesis[1]) for sentence in hypotheses]
         return hypotheses
+
+    def hard_alignments(
+        self, tokenizer: Any, input_ids: list[list[int]], outputs: list[list[int]], special_ids: set[int]
+    ) -> list[list[tuple[int, int]]]:
+        """What :func:`~hf_vanilla.inference.decoding.hard_alignments` returns, for unpadded ``input_ids``:
+        each output is forced as CTranslate2's ``target_prefix`` and each of its tokens is aligned to the
+        source token (never a special one) that CTranslate2's attention weighs most at the step that produced
+        it. That attention is the last decoder layer's averaged over its heads in an export that says so
+        (:attr:`attention_aligns`), as in the transformers backend."""
+        todo = [k for k, output in enumerate(outputs) if output]
+        results = self.translator.translate_batch(
+            [tokenizer.convert_ids_to_tokens(input_ids[k]) for k in todo],
+            target_prefix=[tokenizer.convert_ids_to_tokens(outputs[k]) for k in todo],
+            beam_size=1,
+            max_decoding_length=max((len(outputs[k]) for k in todo), default=1),
+            min_decoding_length=0,
+            max_input_length=0,
+            return_attention=True,
+        )
+        aligned: list[list[tuple[int, int]]] = [[] for _ in outputs]
+        for k, result in zip(todo, results, strict=True):
+            alignable = [s for s, token in enumerate(input_ids[k]) if token not in special_ids]
+            if alignable:
+                rows = result.attention[0][: len(outputs[k])]
+                aligned[k] = [(max(alignable, key=row.__getitem__), t) for t, row in enumerate(rows)]
+        return aligned

@@ -356,7 +356,8 @@ def translate_nbest(
     prefix length (``generate()`` then needs no padding inside the decoder prompt).
 
     ``alignments``: the best hypothesis of each sentence gets its hard alignment (see
-    :func:`~hf_vanilla.inference.decoding.hard_alignments`); the transformers backend only.
+    :func:`~hf_vanilla.inference.decoding.hard_alignments`; with CTranslate2,
+    :meth:`CTranslate2Model.hard_alignments`, from an export written with the alignment's attention).
 
     ``split_sentences`` (a language code, see :func:`sentence_splitter`): each line is split into its
     sentences, they are translated, and each line's translations are joined with the whitespace that was
@@ -392,10 +393,11 @@ def translate_nbest(
     refuse_non_finite({**asdict(options), **generate_kwargs})
     ct2 = isinstance(model, CTranslate2Model)
     check_tokenizer_matches_config(tokenizer, model.config)  # both backends: a CTranslate2Model has one too
-    if ct2 and alignments:
+    if ct2 and alignments and not model.attention_aligns:
         raise ValueError(
-            "--alignment_file needs --backend transformers: CTranslate2 returns the attention of the layer and "
-            "heads fixed when the model was exported, not the alignment layer used here."
+            "--alignment_file: this CTranslate2 export's attention is CTranslate2's default (the first head of the "
+            "last layer), not the heads averaged that alignments use: export it again with hf-vanilla-export-ct2, "
+            "or use --backend transformers."
         )
     if ct2:
         unknown = sorted(set(generate_kwargs) - {"max_new_tokens"})
@@ -479,7 +481,12 @@ def translate_nbest(
             if alignments:
                 best = [kept[i][0] for i in indices]
                 special = set(tokenizer.all_special_ids)
-                aligned = hard_alignments(model, batch["input_ids"], batch["attention_mask"], best, special)
+                if ct2:
+                    aligned = model.hard_alignments(tokenizer, [ids[i] for i in indices], best, special)
+                else:
+                    aligned = hard_alignments(
+                        model, batch["input_ids"], batch["attention_mask"], best, special
+                    )
                 for i, alignment in zip(indices, aligned, strict=True):
                     results[i][0].alignment = alignment
             done += len(indices)

@@ -42,7 +42,7 @@ from hf_vanilla.interop.options import ExportArguments as ExportArguments  # its
 from hf_vanilla.interop.options import check_model_dir
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
 from hf_vanilla.io.errors import CheckpointError
-from hf_vanilla.io.manifest import write_manifest
+from hf_vanilla.io.manifest import CTRANSLATE2_ALIGNMENT, write_manifest
 from hf_vanilla.io.safe_loading import load_pretrained_checked
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerAttention,
@@ -152,7 +152,11 @@ def transformer_spec(
         config.encoder_layers, config.encoder_attention_heads, pre_norm=False, activation=activation
     )
     decoder = TransformerDecoderSpec(
-        config.decoder_layers, config.decoder_attention_heads, pre_norm=False, activation=activation
+        config.decoder_layers,
+        config.decoder_attention_heads,
+        pre_norm=False,
+        activation=activation,
+        alignment_heads=config.decoder_attention_heads,  # return_attention: the last layer's, heads averaged
     )
     spec = TransformerSpec(encoder, decoder)
 
@@ -186,6 +190,8 @@ def transformer_spec(
     ]
     spec.config.decoder_start_token = target_tokens[config.decoder_start_token_id]
     spec.config.layer_norm_epsilon = model.model.encoder.layers[0].final_layer_norm.eps
+    for key, value in CTRANSLATE2_ALIGNMENT.items():
+        spec.config.add_attribute(key, value)
     return spec
 
 

@@ -35,6 +35,7 @@ from hf_vanilla.io.json_files import read_json
 __all__ = [
     "ADJUSTABLE_FIELDS",
     "ARCHITECTURE_NAME",
+    "CTRANSLATE2_ALIGNMENT",
     "CTRANSLATE2_WEIGHTS",
     "MANIFEST_PATTERNS",
     "TOKENIZER_PATTERNS",
@@ -51,6 +52,11 @@ ARCHITECTURE_NAME = "architecture.json"
 
 #: The weights file of a CTranslate2 export (hf-vanilla-export-ct2).
 CTRANSLATE2_WEIGHTS = "model.bin"
+
+#: What a CTranslate2 export's config.json says when its attention (``return_attention``) is the last decoder
+#: layer's averaged over all heads, the attention hf-vanilla-translate aligns with. CTranslate2's default,
+#: which exports written without it have, is the first head alone.
+CTRANSLATE2_ALIGNMENT = {"alignment_attention": "last decoder layer, all heads averaged"}
 
 #: The files of a tokenizer (``save_pretrained``'s, and those of converted Marian and FSMT models).
 TOKENIZER_PATTERNS = (
