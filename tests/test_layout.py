@@ -239,3 +239,27 @@ def test_a_misnamed_symbol_is_reported() -> None:
         "hub.py",
         "test_modeling.py::test_none",
     ]
+
+
+# --------------------------------------------------------------------------------------------------
+# one home for each concept
+# --------------------------------------------------------------------------------------------------
+#: How code spells a checkpoint's folder name or its trainer state file, outside the helpers that do it.
+_CHECKPOINT_SPELLINGS = re.compile(
+    r"\"trainer_state\.json\"|checkpoint-\{|checkpoint-\(|PREFIX_CHECKPOINT_DIR"
+)
+
+
+def test_checkpoint_names_are_spelled_in_one_module() -> None:
+    """``checkpoint-<step>`` names and ``trainer_state.json`` are written out only in
+    hf_vanilla/io/checkpoints.py; every other module makes, reads and matches them through its names, so
+    a run's checkpoints are named, found and ordered one way."""
+    home = ROOT / "hf_vanilla" / "io" / "checkpoints.py"
+    spelled = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / "hf_vanilla").rglob("*.py"))
+        if path != home
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if _CHECKPOINT_SPELLINGS.search(line)
+    ]
+    assert spelled == [], "checkpoint names spelled outside hf_vanilla/io/checkpoints.py"

@@ -3,7 +3,7 @@
 The paper trained its big models for 3.5 days (§5.2) and averaged the last 20 checkpoints (§6.1); a
 run that long is preempted, killed or crashes, and must resume without changing its result. What this
 module guarantees (:mod:`hf_vanilla.training` plugs it into the ``Trainer``; loading checks are
-:mod:`hf_vanilla.io.safe_loading`'s):
+:mod:`hf_vanilla.io.safe_loading`'s and :mod:`hf_vanilla.io.checkpoints`'):
 
 * **Write, then rename** (:func:`atomic_directory`, :func:`save_pretrained_atomic`, :func:`atomic_file`,
   :class:`ResilientTrainerMixin`): a folder or file is written under a temporary name next to its final
@@ -47,18 +47,22 @@ import torch
 from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_vanilla.io.atomic import TEMPORARY_REMOVED, DiskFullError, full_disk_named, publish_directory
+from hf_vanilla.io.checked_loading import untied_missing_keys
+from hf_vanilla.io.checkpoints import (
+    TRAINER_STATE_NAME,
+    checkpoint_name,
+    last_complete_checkpoint,
+    verify_checkpoint,
+)
 from hf_vanilla.io.checksums import write_checksums
-from hf_vanilla.io.safe_loading import TRAINER_STATE_NAME, untied_missing_keys, verify_checkpoint
 from hf_vanilla.training.checkpoints import (
     STAGING_DIR_NAME,
     _agree_across_processes,
     _no_complete_checkpoint,
     check_optimizer_state,
     check_scheduler_state,
-    last_complete_checkpoint,
     rotate_checkpoints_by_step,
 )
 from hf_vanilla.training.sharded_loading import load_full_state_dict_into_sharded, tie_state_dict
@@ -241,7 +245,7 @@ class ResilientTrainerMixin:
         state = self.state  # type: ignore[attr-defined]
         accelerator = self.accelerator  # type: ignore[attr-defined]
         run_dir = Path(super()._get_output_dir(trial))  # type: ignore[misc]
-        name = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        name = checkpoint_name(state.global_step)
         staging_root = run_dir / STAGING_DIR_NAME
         staged, final = staging_root / name, run_dir / name
         if args.should_save:

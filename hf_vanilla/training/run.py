@@ -73,14 +73,16 @@ from hf_vanilla.hub.push import PublishArguments, publish, push_to_hub
 from hf_vanilla.inference.decoding import DecodingOptions
 from hf_vanilla.inference.translation import InputTooLongError, longest_input
 from hf_vanilla.io.atomic import refuse_to_replace
-from hf_vanilla.io.safe_loading import checkpoint_step, load_pretrained_checked, verify_model_folder
+from hf_vanilla.io.checked_loading import load_pretrained_checked
+from hf_vanilla.io.checkpoints import checkpoint_step, find_complete_checkpoints
+from hf_vanilla.io.safe_loading import verify_model_folder
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
 )
 from hf_vanilla.training.arguments import PaperTrainingArguments, TrainingModelArguments
 from hf_vanilla.training.averaging import average_last_checkpoints
-from hf_vanilla.training.checkpoints import find_complete_checkpoints, hold_run_dir, resolve_resume_checkpoint
+from hf_vanilla.training.checkpoints import hold_run_dir, resolve_resume_checkpoint
 from hf_vanilla.training.launch_checks import check_process_group, exit_with_launcher
 from hf_vanilla.training.resilience import SaveOnSignalCallback
 from hf_vanilla.training.trainer import PaperSeq2SeqTrainer, build_compute_metrics

@@ -253,7 +253,7 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_keeps_the_previous_one(
     """The disk holds one checkpoint of the tiny run (about 800 KiB) but not two: the second save fails
     in torch's writer (optimizer.pt), and the run ends in one line; checkpoint-1 stays whole."""
     from hf_vanilla.cli.train import main
-    from hf_vanilla.training.checkpoints import find_complete_checkpoints
+    from hf_vanilla.io.checkpoints import find_complete_checkpoints
 
     root = small_disk.parent
     run = small_disk / "run"

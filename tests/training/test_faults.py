@@ -37,18 +37,18 @@ from transformers.trainer_utils import get_last_checkpoint
 from hf_vanilla.data.loading import load_local_files
 from hf_vanilla.data.tokenization import tokenize_translations
 from hf_vanilla.io.atomic import atomic_directory, save_pretrained_atomic
+from hf_vanilla.io.checked_loading import load_pretrained_checked
+from hf_vanilla.io.checkpoints import find_complete_checkpoints, last_complete_checkpoint, verify_checkpoint
 from hf_vanilla.io.checksums import CHECKSUMS_NAME
 from hf_vanilla.io.errors import CorruptCheckpointError, UnsafeCheckpointError
 from hf_vanilla.io.pickles import pickle_globals, verify_pickle_file
-from hf_vanilla.io.safe_loading import load_pretrained_checked, verify_checkpoint, verify_model_folder
+from hf_vanilla.io.safe_loading import verify_model_folder
 from hf_vanilla.training import trainer as training
 from hf_vanilla.training.arguments import PaperTrainingArguments
 from hf_vanilla.training.checkpoints import (
     STAGING_DIR_NAME,
     StateMismatchError,
     check_optimizer_state,
-    find_complete_checkpoints,
-    last_complete_checkpoint,
 )
 from hf_vanilla.training.resilience import ResilientTrainerMixin, SaveOnSignalCallback, StoppedBySignal
 from hf_vanilla.training.trainer import PaperSeq2SeqTrainer
