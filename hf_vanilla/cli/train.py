@@ -80,6 +80,29 @@ def parser() -> DataclassArgumentParser:
     )
 
 
+def train_and_score(model_args: Any, data_args: Any, training_args: Any) -> dict[str, float]:
+    """The steps of ``hf-vanilla-train``, all while the run holds ``--output_dir``
+    (:func:`~hf_vanilla.training.run.run_folder`): train
+    (:func:`~hf_vanilla.training.run.run_training`); with ``--do_eval``, score the trained model on the
+    validation and test splits; with ``--average_last_n_checkpoints``, average the last checkpoints and
+    score the average (``averaged_*``); with ``--push_to_hub``, publish the model the scores describe
+    (the average, if any) from the main process. Returns the scores."""
+    from hf_vanilla.training.run import average_run, evaluate_model, publish_run, run_folder, run_training
+
+    repo_id = training_args.hub_model_id if training_args.push_to_hub else None  # checked by run_training
+    results: dict[str, float] = {}
+    with run_folder(model_args, training_args):
+        scored = run_training(model_args, data_args, training_args)
+        if training_args.do_eval:
+            results |= evaluate_model(scored, model_args, data_args, training_args)
+        if training_args.do_train and training_args.average_last_n_checkpoints:
+            scored = average_run(training_args)
+            results |= evaluate_model(scored, model_args, data_args, training_args, prefix="averaged_")
+        if repo_id is not None and training_args.process_index == 0:
+            publish_run(scored, data_args, training_args, repo_id)
+    return results
+
+
 def _run(argv: list[str]) -> None:
     if "-h" in argv or "--help" in argv:
         light = help_parser()
@@ -93,12 +116,12 @@ def _run(argv: list[str]) -> None:
     model_args, data_args, training_args = real.parse_args_into_dataclasses(argv)
     from hf_vanilla.training.launch_checks import end_process_group  # torch
     from hf_vanilla.training.resilience import StoppedBySignal
-    from hf_vanilla.training.run import run_training, setup_logging
+    from hf_vanilla.training.run import setup_logging
 
     setup_logging(training_args)
     stopped: int | None = None
     try:
-        run_training(model_args, data_args, training_args)
+        train_and_score(model_args, data_args, training_args)
     except StoppedBySignal as stop:  # every process saved the step and passed the callback's barrier
         stopped = int(stop.code)
     # Here the Trainer is garbage (the traceback that held it is gone), as end_process_group needs.

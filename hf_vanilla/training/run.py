@@ -32,10 +32,13 @@ Defaults are the paper's, all overridable on the command line (``scripts/train.p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
+import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -46,7 +49,6 @@ import torch
 import transformers
 from transformers import (
     AutoConfig,
-    AutoModelForSeq2SeqLM,
     DataCollatorForSeq2Seq,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -61,6 +63,7 @@ from hf_vanilla.data.loading import DataArguments, load_from_args, pair_location
 from hf_vanilla.data.tokenization import (
     check_tokenizer_matches_config,
     load_or_train_tokenizer,
+    load_tokenizer,
     tokenize_translations,
 )
 from hf_vanilla.hub.card import (
@@ -92,11 +95,14 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "HUB_FOLDER",
+    "average_run",
     "build_model",
     "check_averaging_is_possible",
+    "evaluate_model",
     "planned_checkpoints",
     "publish_run",
     "refuse_too_long_pairs",
+    "run_folder",
     "run_training",
     "setup_logging",
     "take_hub_push",
@@ -416,14 +422,10 @@ def take_hub_push(training_args: PaperTrainingArguments, data_args: DataArgument
 
 
 def publish_run(
-    model_dir: str | Path,
-    tokenizer: PreTrainedTokenizerBase,
-    validation: datasets.Dataset,
-    data_args: DataArguments,
-    training_args: PaperTrainingArguments,
-    repo_id: str,
+    model_dir: str | Path, data_args: DataArguments, training_args: PaperTrainingArguments, repo_id: str
 ) -> Path:
-    """Score the saved model ``model_dir`` on ``validation`` as ``hf-vanilla-evaluate`` does (the paper's
+    """Score the saved model ``model_dir`` (with its tokenizer) on the validation split as
+    ``hf-vanilla-evaluate`` does (the paper's
     decoding; ``<output_dir>/validation.results.json`` and ``validation.hyp.<target_lang>``), write
     ``<output_dir>/hub`` with :func:`hf_vanilla.hub.push.publish` from those results and the run's card data,
     and push it to ``repo_id``. Returns the folder; raises :class:`~hf_vanilla.hub.push.HubPushError` (one line
@@ -431,6 +433,8 @@ def publish_run(
     output_dir = Path(training_args.output_dir)
     card_args = {f.name: getattr(training_args, f.name) for f in fields(DatasetCardArguments)}
     model = load_pretrained_checked(model_dir)  # the results record the fingerprint of these weights
+    tokenizer = load_tokenizer(model_dir)
+    validation = load_from_args(data_args)["validation"]
     sources, references = parallel_columns(validation, data_args.source_lang, data_args.target_lang)
     _, results_file = evaluate_split_into(
         output_dir,
@@ -470,74 +474,68 @@ def publish_run(
     return folder
 
 
-def run_training(
-    model_args: TrainingModelArguments, data_args: DataArguments, training_args: PaperTrainingArguments
-) -> dict[str, float]:
-    """Train (or resume), save the final model, tokenizer and generation config in ``output_dir``,
-    optionally average the last checkpoints, evaluate on the validation and test splits, and with
-    ``--push_to_hub`` publish the model the scores describe (the averaged one, if any) through
-    :func:`publish_run` on the main process.
-
-    Returns all metrics (``train_*``, ``eval_*``, ``test_*``, ``averaged_eval_*``, ...). Processes a
-    launcher started that form no process group are refused first
-    (:func:`~hf_vanilla.training.launch_checks.check_process_group`), then everything
-    :func:`take_hub_push` checks. The run holds ``output_dir`` (:func:`~hf_vanilla.training.checkpoints.hold_run_dir`):
-    a second run into it while this one lives is refused with
-    :class:`~hf_vanilla.training.checkpoints.RunInUseError`. A step with a non-finite loss or gradient norm, or
-    non-finite weights at a save, stops the run with :class:`~hf_vanilla.training.resilience.NonFiniteTrainingError`
-    before anything is saved.
-    """
+@contextlib.contextmanager
+def run_folder(model_args: TrainingModelArguments, training_args: PaperTrainingArguments) -> Iterator[None]:
+    """Hold ``output_dir`` for one run: processes a launcher started that form no process group are
+    refused first (:func:`~hf_vanilla.training.launch_checks.check_process_group`), a fresh run may not
+    write into its own input model, and the main process holds a lock on the folder
+    (:func:`~hf_vanilla.training.checkpoints.hold_run_dir`) for the block: a second run into it meanwhile is
+    refused with :class:`~hf_vanilla.training.checkpoints.RunInUseError`. Nested blocks for the same folder
+    share the outer one's lock, so a command holds it over :func:`run_training` and the steps after it."""
+    held = os.path.realpath(training_args.output_dir)
+    if held in _HELD_RUN_FOLDERS:
+        yield
+        return
     exit_with_launcher()  # a worker of a torchrun agent that is killed dies with it (a node's failure)
     check_process_group(training_args)
     if training_args.resume_from_checkpoint in (None, "", "false", "False"):  # the kind, and no input in it
         refuse_to_replace(
             training_args.output_dir, True, "--output_dir", inputs=[model_args.model_name_or_path]
         )
-    # One launch per output folder: its main process holds a lock on it until the run ends.
     with hold_run_dir(training_args.output_dir, hold=training_args.process_index == 0):
+        _HELD_RUN_FOLDERS.add(held)
+        try:
+            yield
+        finally:
+            _HELD_RUN_FOLDERS.discard(held)
+
+
+#: The ``output_dir`` folders :func:`run_folder` holds in this process.
+_HELD_RUN_FOLDERS: set[str] = set()
+
+
+def run_training(
+    model_args: TrainingModelArguments, data_args: DataArguments, training_args: PaperTrainingArguments
+) -> Path:
+    """Train (or resume) and save the final model, tokenizer and generation config in ``output_dir``;
+    returns the folder of the model: ``output_dir``, or with ``--do_train false`` the saved model given
+    (``--model_name_or_path``), which nothing trains. Scoring, averaging and publishing are separate
+    steps (:func:`evaluate_model`, :func:`average_run`, :func:`publish_run`) that ``hf-vanilla-train``
+    composes after it.
+
+    Runs inside :func:`run_folder` (its checks, and the lock on ``output_dir``), after everything
+    :func:`take_hub_push` and :func:`check_averaging_is_possible` check. A step with a non-finite loss or
+    gradient norm, or non-finite weights at a save, stops the run with
+    :class:`~hf_vanilla.training.resilience.NonFiniteTrainingError` before anything is saved.
+    """
+    with run_folder(model_args, training_args):
         return _run_training(model_args, data_args, training_args)
 
 
-def _run_training(
-    model_args: TrainingModelArguments, data_args: DataArguments, training_args: PaperTrainingArguments
-) -> dict[str, float]:
-    resume = resolve_resume_checkpoint(
-        training_args.resume_from_checkpoint, training_args.output_dir, training_args.overwrite
-    )
-    if resume is not None:
-        logger.info("Resuming from %s", resume)
-        card_data_recorded_in(resume, training_args)  # unless given again
-    check_averaging_is_possible(training_args, resume)
-    hub_repo = take_hub_push(training_args, data_args)  # before the Trainer exists: its own push stays off
-    transformers.set_seed(training_args.seed)
-
-    # The text is read only when needed: to train a tokenizer, to fill the tokenized-data cache, or to
-    # publish; a warm restart with a cached tokenization does not read it at all.
-    loaded: list[datasets.DatasetDict] = []
-
-    def load_data() -> datasets.DatasetDict:
-        if not loaded:
-            loaded.append(load_from_args(data_args))
-        return loaded[0]
-
-    splits = list(data_args.local_files()) or list(load_data())
-    if training_args.do_train and "train" not in splits:
-        raise ValueError(f"No training split in the data (splits: {splits}); give --train_files or --demo.")
-    if hub_repo is not None and "validation" not in splits:
-        raise ValueError(_NO_VALIDATION_TO_PUBLISH)
-    tokenizer = load_or_train_tokenizer(  # given by path, else saved with the checkpoint or model, else new
-        (model_args.tokenizer_name_or_path, resume, model_args.model_name_or_path),
-        load_data,
-        data_args,
-        model_args.tokenizer_vocab_size,
-        training_args,
-    )
-    model = build_model(model_args, tokenizer, resume)
+def _tokenized_data(
+    model_args: TrainingModelArguments,
+    data_args: DataArguments,
+    training_args: PaperTrainingArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    load_data: Callable[[], datasets.DatasetDict],
+) -> datasets.DatasetDict:
+    """The tokenized splits, from the cache of tokenized data when they are there (only the main process
+    of each node tokenizes; the others read)."""
     lengths = (model_args.max_source_length, model_args.max_target_length)
     fingerprint = data_fingerprint(
         data_args, tokenizer, *lengths, data=load_data() if data_args.dataset_name else None
     )
-    tokenized = cached_tokenization(  # only the main process of each node tokenizes; the others read
+    return cached_tokenization(
         data_args.tokenized_cache_dir or default_cache_root(),
         fingerprint,
         load_data,
@@ -552,10 +550,50 @@ def _run_training(
         ),
         training_args.main_process_first(desc="tokenizing into the cache"),
     )
+
+
+def _run_training(
+    model_args: TrainingModelArguments, data_args: DataArguments, training_args: PaperTrainingArguments
+) -> Path:
+    resume = resolve_resume_checkpoint(
+        training_args.resume_from_checkpoint, training_args.output_dir, training_args.overwrite
+    )
+    if resume is not None:
+        logger.info("Resuming from %s", resume)
+        card_data_recorded_in(resume, training_args)  # unless given again
+    check_averaging_is_possible(training_args, resume)
+    hub_repo = take_hub_push(training_args, data_args)  # before the Trainer exists: its own push stays off
+    transformers.set_seed(training_args.seed)
+
+    # The text is read only when needed: to train a tokenizer, to fill the tokenized-data cache, or to
+    # publish; a warm restart with a cached tokenization does not read it at all.
+    load_data = functools.cache(functools.partial(load_from_args, data_args))
+    splits = list(data_args.local_files()) or list(load_data())
+    if training_args.do_train and "train" not in splits:
+        raise ValueError(f"No training split in the data (splits: {splits}); give --train_files or --demo.")
+    if hub_repo is not None and "validation" not in splits:
+        raise ValueError(_NO_VALIDATION_TO_PUBLISH)
+    if not training_args.do_train:
+        saved = resume or model_args.model_name_or_path
+        if saved is None:
+            raise ValueError(
+                "--do_train false scores a saved model, and none was given: give it with --model_name_or_path "
+                "(nothing was done)."
+            )
+        return Path(saved)
+    tokenizer = load_or_train_tokenizer(  # given by path, else saved with the checkpoint or model, else new
+        (model_args.tokenizer_name_or_path, resume, model_args.model_name_or_path),
+        load_data,
+        data_args,
+        model_args.tokenizer_vocab_size,
+        training_args,
+    )
+    model = build_model(model_args, tokenizer, resume)
+    tokenized = _tokenized_data(model_args, data_args, training_args, tokenizer, load_data)
     refuse_too_long_pairs(model, tokenizer, tokenized, data_args)
     if hub_repo is not None and len(tokenized["validation"]) == 0:
         raise ValueError(_NO_VALIDATION_TO_PUBLISH)
-    loaded.clear()  # the text of the training split is not needed any more: free its memory
+    load_data.cache_clear()  # the text of the training split is not needed any more: free its memory
     train_set = tokenized.get("train")
     eval_set = tokenized.get("validation")
     if training_args.eval_strategy != "no" and eval_set is None:
@@ -565,36 +603,48 @@ def _run_training(
     _describe(model, training_args, len(train_set) if train_set is not None else 0)
 
     trainer = _paper_trainer(model, training_args, tokenizer, train_set, eval_set)
-    if training_args.do_train:
-        trainer.add_callback(SaveOnSignalCallback())  # SIGTERM/Ctrl-C: save the current step, exit 143/130
-    results: dict[str, float] = {}
-    if training_args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=resume)
-        trainer.save_model()  # model, tokenizer and generation config in output_dir
-        trainer.log_metrics("train", train_result.metrics)
-        trainer.save_metrics("train", train_result.metrics)
-        trainer.save_state()
-        results.update(train_result.metrics)
+    trainer.add_callback(SaveOnSignalCallback())  # SIGTERM/Ctrl-C: save the current step, exit 143/130
+    train_result = trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model()  # model, tokenizer and generation config in output_dir
+    trainer.log_metrics("train", train_result.metrics)
+    trainer.save_metrics("train", train_result.metrics)
+    trainer.save_state()
+    return Path(training_args.output_dir)
 
-    eval_splits = {name: tokenized[name] for name in ("validation", "test") if name in tokenized}
-    if training_args.do_eval:
-        results.update(_evaluate_splits(trainer, eval_splits))
 
-    scored_dir = Path(training_args.output_dir)  # the model the final scores describe
-    if training_args.average_last_n_checkpoints and training_args.do_train:
-        averaged_dir = scored_dir = Path(training_args.output_dir) / "averaged"
-        if trainer.is_world_process_zero():
-            average_last_checkpoints(  # this run's own folder: replaced when a resumed run ends again
+def evaluate_model(
+    model_dir: str | Path,
+    model_args: TrainingModelArguments,
+    data_args: DataArguments,
+    training_args: PaperTrainingArguments,
+    prefix: str = "",
+) -> dict[str, float]:
+    """Score the saved model ``model_dir`` on the validation and test splits as training evaluates
+    (``eval_loss``, and BLEU and chrF with ``--predict_with_generate``), logged and saved in ``output_dir``
+    as ``<prefix>eval_*`` and ``<prefix>test_*``; returns the metrics. The tokenizer is
+    ``--tokenizer_name_or_path``'s, else the folder's; the tokenized splits come from the cache training
+    filled."""
+    tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_dir)
+    model = load_pretrained_checked(model_dir)
+    model.config.label_smoothing = model_args.label_smoothing  # eval_loss is the loss training minimises
+    load_data = functools.cache(functools.partial(load_from_args, data_args))  # read where the cache misses
+    tokenized = _tokenized_data(model_args, data_args, training_args, tokenizer, load_data)
+    splits = {name: tokenized[name] for name in ("validation", "test") if name in tokenized}
+    trainer = _paper_trainer(model, training_args, tokenizer, None, splits.get("validation"))
+    return _evaluate_splits(trainer, splits, prefix)
+
+
+def average_run(training_args: PaperTrainingArguments) -> Path:
+    """``--average_last_n_checkpoints N`` (§6.1): the last N checkpoints of ``output_dir`` averaged into
+    ``<output_dir>/averaged`` by the main process (replaced when a resumed run ends again), while the other
+    processes wait; returns that folder."""
+    averaged_dir = Path(training_args.output_dir) / "averaged"
+    with training_args.main_process_first(local=False, desc="averaging the last checkpoints"):
+        if training_args.process_index == 0:
+            average_last_checkpoints(
                 training_args.output_dir,
                 training_args.average_last_n_checkpoints,
                 averaged_dir,
                 overwrite=True,
             )
-        trainer.accelerator.wait_for_everyone()
-        averaged = AutoModelForSeq2SeqLM.from_pretrained(averaged_dir)
-        averaged_trainer = _paper_trainer(averaged, training_args, tokenizer, None, eval_set)
-        results.update(_evaluate_splits(averaged_trainer, eval_splits, prefix="averaged_"))
-
-    if hub_repo is not None and trainer.is_world_process_zero():
-        publish_run(scored_dir, tokenizer, load_data()["validation"], data_args, training_args, hub_repo)
-    return results
+    return averaged_dir
