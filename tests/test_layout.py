@@ -230,11 +230,9 @@ def test_the_internals_page_names_only_what_exists() -> None:
 
 def test_a_misnamed_symbol_is_reported() -> None:
     """The check above can fail: a module, attribute, file or test that does not exist is reported."""
-    wrong = (
-        "`durability.ResilientTrainerMixin` `Trainer._no_such_hook` `hub.py` `test_modeling.py::test_none`"
-    )
-    assert _unresolved(wrong + " `resilience.ResilientTrainerMixin` `Trainer._save_checkpoint`") == [
-        "durability.ResilientTrainerMixin",
+    wrong = "`durability.PaperSeq2SeqTrainer` `Trainer._no_such_hook` `hub.py` `test_modeling.py::test_none`"
+    assert _unresolved(wrong + " `trainer.PaperSeq2SeqTrainer` `Trainer._save_checkpoint`") == [
+        "durability.PaperSeq2SeqTrainer",
         "Trainer._no_such_hook",
         "hub.py",
         "test_modeling.py::test_none",

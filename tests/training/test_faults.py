@@ -1,6 +1,6 @@
 """Faults (hf_vanilla/io/safe_loading.py, hf_vanilla/training/resilience.py): kill and resume, damaged and malicious checkpoint files, atomic saves.
 
-In-process tests use the project's ``PaperSeq2SeqTrainer`` with :class:`ResilientTrainerMixin`; the slow
+In-process tests use the project's ``PaperSeq2SeqTrainer``; the slow
 tests launch ``scripts/train.py`` (through tests/train_driver.py) and kill it with SIGTERM, SIGINT (Ctrl-C) or SIGKILL.
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 from helpers import Outputs, _env, gloo_threads, tiny_model
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -50,16 +51,27 @@ from hf_vanilla.training.checkpoints import (
     StateMismatchError,
     check_optimizer_state,
 )
-from hf_vanilla.training.resilience import ResilientTrainerMixin, SaveOnSignalCallback, StoppedBySignal
+from hf_vanilla.training.resilience import SaveOnSignalCallback, StoppedBySignal
 from hf_vanilla.training.trainer import PaperSeq2SeqTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = [f"w{i}" for i in range(4, 40)]
 
 
-def test_the_project_trainer_is_the_resilient_one() -> None:
-    """The in-process tests below exercise the Trainer that scripts/train.py uses."""
-    assert issubclass(PaperSeq2SeqTrainer, ResilientTrainerMixin)
+def test_the_project_trainer_is_the_one_trainer_subclass() -> None:
+    """The in-process tests below exercise the Trainer that hf-vanilla-train uses: hf_vanilla's one
+    ``Trainer`` subclass, whose docstring names every private Trainer method it overrides."""
+    found, todo = [], [transformers.Trainer]
+    while todo:
+        todo += todo.pop().__subclasses__()
+        found += [cls for cls in todo if cls.__module__.startswith("hf_vanilla.") and cls not in found]
+    assert found == [PaperSeq2SeqTrainer]
+    private = [
+        name
+        for name in vars(PaperSeq2SeqTrainer)
+        if name.startswith("_") and not name.startswith("__") and hasattr(transformers.Seq2SeqTrainer, name)
+    ]
+    assert private and [name for name in private if f"``{name}``" not in PaperSeq2SeqTrainer.__doc__] == []
 
 
 def _dataset(tmp_path: Path, tokenizer: Any, n: int = 40) -> Any:
