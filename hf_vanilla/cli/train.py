@@ -55,11 +55,11 @@ def help_parser() -> DataclassArgumentParser | None:
         return None
     if not isinstance(description, dict) or description.get("transformers") != version("transformers"):
         return None
-    parser = DataclassArgumentParser((TrainingModelArguments, DataArguments), **PARSER_KWARGS)
-    ours: dict[str, tuple[dataclasses.Field, Any]] = {}
-    for dtype in (DatasetCardArguments, PaperRecipeArguments):  # as dataclasses collect the bases' fields
-        hints = get_type_hints(dtype)
-        ours |= {item.name: (item, hints[item.name]) for item in dataclasses.fields(dtype)}
+    parser = DataclassArgumentParser(
+        (TrainingModelArguments, DataArguments, DatasetCardArguments), **PARSER_KWARGS
+    )
+    hints = get_type_hints(PaperRecipeArguments)
+    ours = {item.name: (item, hints[item.name]) for item in dataclasses.fields(PaperRecipeArguments)}
     described: dict[str, list[dict[str, Any]]] = {}
     for action in description["actions"]:
         described.setdefault(action["dest"], []).append(action)
@@ -76,30 +76,34 @@ def parser() -> DataclassArgumentParser:
     from hf_vanilla.training.arguments import PaperTrainingArguments
 
     return DataclassArgumentParser(
-        (TrainingModelArguments, DataArguments, PaperTrainingArguments), **PARSER_KWARGS
+        (TrainingModelArguments, DataArguments, DatasetCardArguments, PaperTrainingArguments), **PARSER_KWARGS
     )
 
 
-def train_and_score(model_args: Any, data_args: Any, training_args: Any) -> dict[str, float]:
+def train_and_score(
+    model_args: Any, data_args: Any, training_args: Any, card_args: DatasetCardArguments | None = None
+) -> dict[str, float]:
     """The steps of ``hf-vanilla-train``, all while the run holds ``--output_dir``
     (:func:`~hf_vanilla.training.run.run_folder`): train
     (:func:`~hf_vanilla.training.run.run_training`); with ``--do_eval``, score the trained model on the
     validation and test splits; with ``--average_last_n_checkpoints``, average the last checkpoints and
     score the average (``averaged_*``); with ``--push_to_hub``, publish the model the scores describe
-    (the average, if any) from the main process. Returns the scores."""
+    (the average, if any) from the main process, its card naming the data as ``card_args`` does. Returns
+    the scores."""
     from hf_vanilla.training.run import average_run, evaluate_model, publish_run, run_folder, run_training
 
     repo_id = training_args.hub_model_id if training_args.push_to_hub else None  # checked by run_training
+    card_args = card_args or DatasetCardArguments()
     results: dict[str, float] = {}
     with run_folder(model_args, training_args):
-        scored = run_training(model_args, data_args, training_args)
+        scored = run_training(model_args, data_args, training_args, card_args)
         if training_args.do_eval:
             results |= evaluate_model(scored, model_args, data_args, training_args)
         if training_args.do_train and training_args.average_last_n_checkpoints:
             scored = average_run(training_args)
             results |= evaluate_model(scored, model_args, data_args, training_args, prefix="averaged_")
         if repo_id is not None and training_args.process_index == 0:
-            publish_run(scored, data_args, training_args, repo_id)
+            publish_run(scored, data_args, training_args, card_args, repo_id)
     return results
 
 
@@ -113,7 +117,7 @@ def _run(argv: list[str]) -> None:
     real = parser()
     remember_training_arguments()  # for the next --help
     refuse_non_finite(real, argv)
-    model_args, data_args, training_args = real.parse_args_into_dataclasses(argv)
+    model_args, data_args, card_args, training_args = real.parse_args_into_dataclasses(argv)
     from hf_vanilla.training.launch_checks import end_process_group  # torch
     from hf_vanilla.training.resilience import StoppedBySignal
     from hf_vanilla.training.run import setup_logging
@@ -121,7 +125,7 @@ def _run(argv: list[str]) -> None:
     setup_logging(training_args)
     stopped: int | None = None
     try:
-        train_and_score(model_args, data_args, training_args)
+        train_and_score(model_args, data_args, training_args, card_args)
     except StoppedBySignal as stop:  # every process saved the step and passed the callback's barrier
         stopped = int(stop.code)
     # Here the Trainer is garbage (the traceback that held it is gone), as end_process_group needs.

@@ -97,6 +97,7 @@ __all__ = [
     "HUB_FOLDER",
     "average_run",
     "build_model",
+    "card_data",
     "check_averaging_is_possible",
     "evaluate_model",
     "planned_checkpoints",
@@ -357,9 +358,11 @@ def _paper_trainer(
     tokenizer: PreTrainedTokenizerBase,
     train_set: datasets.Dataset | None,
     eval_set: datasets.Dataset | None,
+    recorded: dict[str, Any] | None = None,
 ) -> PaperSeq2SeqTrainer:
     """The trainer of ``run_training``: labels padded with -100 by the collator, BLEU/chrF from
-    generation when ``--predict_with_generate``."""
+    generation when ``--predict_with_generate``, ``recorded`` written beside the arguments in
+    ``training_args.json``."""
     return PaperSeq2SeqTrainer(
         model=model,
         args=training_args,
@@ -370,6 +373,7 @@ def _paper_trainer(
         compute_metrics=build_compute_metrics(tokenizer, training_args.bleu_tokenize)
         if training_args.predict_with_generate
         else None,
+        recorded=recorded,
     )
 
 
@@ -388,7 +392,14 @@ _NO_VALIDATION_TO_PUBLISH = (
 )
 
 
-def take_hub_push(training_args: PaperTrainingArguments, data_args: DataArguments) -> str | None:
+def card_data(card_args: DatasetCardArguments) -> dict[str, Any]:
+    """The card's data fields of ``card_args``, as ``training_args.json`` records them."""
+    return {f.name: getattr(card_args, f.name) for f in fields(DatasetCardArguments)}
+
+
+def take_hub_push(
+    training_args: PaperTrainingArguments, data_args: DataArguments, card_args: DatasetCardArguments
+) -> str | None:
     """The Hub repo that ``--push_to_hub`` asks for, checked before any work, or ``None``.
 
     The run then pushes through :func:`publish_run` (the folder and card of ``hf-vanilla-publish``), so the
@@ -402,7 +413,7 @@ def take_hub_push(training_args: PaperTrainingArguments, data_args: DataArgument
         return None
     if not training_args.hub_model_id:
         raise ValueError("--push_to_hub needs --hub_model_id (e.g. 'user/transformer-base-en-de').")
-    dataset_card_from_args(training_args)
+    dataset_card_from_args(card_args)
     if training_args.hub_strategy in (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS):
         raise ValueError(
             f"--hub_strategy {training_args.hub_strategy.value}: hf-vanilla-train pushes once, when training ends "
@@ -422,7 +433,11 @@ def take_hub_push(training_args: PaperTrainingArguments, data_args: DataArgument
 
 
 def publish_run(
-    model_dir: str | Path, data_args: DataArguments, training_args: PaperTrainingArguments, repo_id: str
+    model_dir: str | Path,
+    data_args: DataArguments,
+    training_args: PaperTrainingArguments,
+    card_args: DatasetCardArguments,
+    repo_id: str,
 ) -> Path:
     """Score the saved model ``model_dir`` (with its tokenizer) on the validation split as
     ``hf-vanilla-evaluate`` does (the paper's
@@ -431,7 +446,6 @@ def publish_run(
     and push it to ``repo_id``. Returns the folder; raises :class:`~hf_vanilla.hub.push.HubPushError` (one line
     naming the command to retry; the folder and the training output are kept) when the push fails."""
     output_dir = Path(training_args.output_dir)
-    card_args = {f.name: getattr(training_args, f.name) for f in fields(DatasetCardArguments)}
     model = load_pretrained_checked(model_dir)  # the results record the fingerprint of these weights
     tokenizer = load_tokenizer(model_dir)
     validation = load_from_args(data_args)["validation"]
@@ -446,7 +460,7 @@ def publish_run(
         source_lang=data_args.source_lang,
         target_lang=data_args.target_lang,
         model_name=str(model_dir),
-        dataset_name=dataset_card_from_args(training_args).name,
+        dataset_name=dataset_card_from_args(card_args).name,
         options=DecodingOptions(),
         batch_size=training_args.per_device_eval_batch_size,
         device=str(training_args.device),
@@ -461,7 +475,7 @@ def publish_run(
         hub_model_id=repo_id,
         overwrite=training_args.overwrite,
         training_summary=summary,
-        **card_args,
+        **card_data(card_args),
     )
     folder = publish(model, tokenizer, args, model_dir=model_dir)
     push_to_hub(
@@ -505,7 +519,10 @@ _HELD_RUN_FOLDERS: set[str] = set()
 
 
 def run_training(
-    model_args: TrainingModelArguments, data_args: DataArguments, training_args: PaperTrainingArguments
+    model_args: TrainingModelArguments,
+    data_args: DataArguments,
+    training_args: PaperTrainingArguments,
+    card_args: DatasetCardArguments | None = None,
 ) -> Path:
     """Train (or resume) and save the final model, tokenizer and generation config in ``output_dir``;
     returns the folder of the model: ``output_dir``, or with ``--do_train false`` the saved model given
@@ -513,13 +530,17 @@ def run_training(
     steps (:func:`evaluate_model`, :func:`average_run`, :func:`publish_run`) that ``hf-vanilla-train``
     composes after it.
 
+    ``card_args``: the training data as the model card names it (needed with ``--push_to_hub``), recorded
+    with the arguments in every ``training_args.json`` the run writes; resuming takes those recorded in the
+    checkpoint unless ``card_args`` names a dataset.
+
     Runs inside :func:`run_folder` (its checks, and the lock on ``output_dir``), after everything
     :func:`take_hub_push` and :func:`check_averaging_is_possible` check. A step with a non-finite loss or
     gradient norm, or non-finite weights at a save, stops the run with
     :class:`~hf_vanilla.training.resilience.NonFiniteTrainingError` before anything is saved.
     """
     with run_folder(model_args, training_args):
-        return _run_training(model_args, data_args, training_args)
+        return _run_training(model_args, data_args, training_args, card_args or DatasetCardArguments())
 
 
 def _tokenized_data(
@@ -553,16 +574,21 @@ def _tokenized_data(
 
 
 def _run_training(
-    model_args: TrainingModelArguments, data_args: DataArguments, training_args: PaperTrainingArguments
+    model_args: TrainingModelArguments,
+    data_args: DataArguments,
+    training_args: PaperTrainingArguments,
+    card_args: DatasetCardArguments,
 ) -> Path:
     resume = resolve_resume_checkpoint(
         training_args.resume_from_checkpoint, training_args.output_dir, training_args.overwrite
     )
     if resume is not None:
         logger.info("Resuming from %s", resume)
-        card_data_recorded_in(resume, training_args)  # unless given again
+        card_data_recorded_in(resume, card_args)  # unless given again
     check_averaging_is_possible(training_args, resume)
-    hub_repo = take_hub_push(training_args, data_args)  # before the Trainer exists: its own push stays off
+    hub_repo = take_hub_push(
+        training_args, data_args, card_args
+    )  # before the Trainer exists: its own push stays off
     transformers.set_seed(training_args.seed)
 
     # The text is read only when needed: to train a tokenizer, to fill the tokenized-data cache, or to
@@ -602,7 +628,7 @@ def _run_training(
         )
     _describe(model, training_args, len(train_set) if train_set is not None else 0)
 
-    trainer = _paper_trainer(model, training_args, tokenizer, train_set, eval_set)
+    trainer = _paper_trainer(model, training_args, tokenizer, train_set, eval_set, card_data(card_args))
     trainer.add_callback(SaveOnSignalCallback())  # SIGTERM/Ctrl-C: save the current step, exit 143/130
     train_result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()  # model, tokenizer and generation config in output_dir

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import json
 import logging
 import math
 import os
@@ -212,9 +213,11 @@ class PaperSeq2SeqTrainer(Seq2SeqTrainer):
         max_tokens: int | None = None,
         sort_pool_size: int | None = None,
         max_sentences: int | None = None,
+        recorded: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self.recorded = dict(recorded or {})
         if max_tokens is None:
             max_tokens = getattr(self.args, "max_tokens", None)
         self.max_tokens, self.sort_pool_size, self.max_sentences = max_tokens, sort_pool_size, max_sentences
@@ -415,8 +418,9 @@ class PaperSeq2SeqTrainer(Seq2SeqTrainer):
     def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
         """Every model folder the Trainer writes (checkpoints, the final model) is self-contained, as
         :func:`hf_vanilla.hub.folder.save_model_folder` writes it: the modeling and pipeline code with an
-        ``auto_map``, the tokenizer's ``model_max_length`` from the model, and the training arguments as
-        ``training_args.json`` instead of the Trainer's pickled ``training_args.bin``, and
+        ``auto_map``, the tokenizer's ``model_max_length`` from the model, and the training arguments (with
+        ``recorded``: the model card's data) as ``training_args.json`` instead of the Trainer's pickled
+        ``training_args.bin``, and
         ``training_record.json`` (:mod:`hf_vanilla.hub.record`: this recipe, a few training sources)."""
         model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
         if self.processing_class is not None:
@@ -427,7 +431,8 @@ class PaperSeq2SeqTrainer(Seq2SeqTrainer):
         if self.args.should_save:
             folder = Path(output_dir if output_dir is not None else self.args.output_dir)
             (folder / TRAINING_ARGS_NAME).unlink(missing_ok=True)
-            (folder / TRAINING_ARGS_JSON).write_text(self.args.to_json_string() + "\n", encoding="utf-8")
+            recorded = {**json.loads(self.args.to_json_string()), **self.recorded}
+            (folder / TRAINING_ARGS_JSON).write_text(json.dumps(recorded, indent=2) + "\n", encoding="utf-8")
             write_training_record(
                 folder,
                 trained_with="hf_vanilla's Trainer recipe (§5)",

@@ -157,6 +157,7 @@ def test_train_help_is_what_transformers_parser_says(monkeypatch: pytest.MonkeyP
     as it does."""
     from hf_vanilla.cli.train import PARSER_KWARGS, help_parser, main, parser
     from hf_vanilla.data.options import DataArguments
+    from hf_vanilla.hub.options import DatasetCardArguments
     from hf_vanilla.training.arguments import PaperTrainingArguments, TrainingModelArguments
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -164,7 +165,8 @@ def test_train_help_is_what_transformers_parser_says(monkeypatch: pytest.MonkeyP
     with pytest.raises(SystemExit):
         main(["--help"])  # the first help, from transformers' parser, keeps the description
     monkeypatch.setenv("COLUMNS", "100")
-    real = HfArgumentParser((TrainingModelArguments, DataArguments, PaperTrainingArguments), **PARSER_KWARGS)
+    types = (TrainingModelArguments, DataArguments, DatasetCardArguments, PaperTrainingArguments)
+    real = HfArgumentParser(types, **PARSER_KWARGS)
     light = help_parser()
     assert light is not None
     assert light.format_help() == real.format_help()

@@ -6,6 +6,7 @@ import json
 import math
 import random
 import warnings
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from hf_vanilla.cli.train import train_and_score
 from hf_vanilla.data.batching import TokenBudgetBatchSampler
 from hf_vanilla.data.loading import DataArguments, load_local_files
 from hf_vanilla.data.tokenization import tokenize_translations
+from hf_vanilla.hub.options import DatasetCardArguments
 from hf_vanilla.inference.translation import InputTooLongError
 from hf_vanilla.training.arguments import (
     PAPER_MAX_TOKENS_PER_PROCESS,
@@ -438,10 +440,26 @@ def test_run_training_only_trains_and_returns_its_folder(tmp_path: Path, tokeniz
     folder = run_training(
         *_run_args(
             tmp_path, tokenizer, out, max_steps=2, save_steps=1, do_eval=True, average_last_n_checkpoints=2
-        )
+        ),
+        DatasetCardArguments(dataset="multi30k"),
     )
     assert folder == out and (out / "model.safetensors").is_file()
     assert not (out / "averaged").exists() and not (out / "eval_results.json").exists()
+
+
+def test_the_model_cards_data_is_its_own_options_recorded_with_the_training_arguments(
+    tmp_path: Path, tokenizer
+) -> None:
+    assert {f.name for f in fields(DatasetCardArguments)}.isdisjoint(
+        f.name for f in fields(PaperTrainingArguments)
+    )
+    out = tmp_path / "out"
+    run_training(
+        *_run_args(tmp_path, tokenizer, out, max_steps=1, save_steps=1),
+        DatasetCardArguments(dataset="multi30k"),
+    )
+    for recorded in (out / "training_args.json", out / "checkpoint-1" / "training_args.json"):
+        assert json.loads(recorded.read_text())["dataset"] == "multi30k"
 
 
 def test_average_last_checkpoints_at_the_end_and_evaluate_it(tmp_path: Path, tokenizer) -> None:
