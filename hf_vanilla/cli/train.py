@@ -22,60 +22,33 @@ Every option and its paper default: `hf-vanilla-train --help`.
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import argparse
 import sys
-from importlib.metadata import version
-from typing import Any, get_type_hints
+from typing import Any
 
-from hf_vanilla.cli import HelpFormatter, quiet_unused_torchao, refuse_non_finite, run_cli
-from hf_vanilla.cli.parsing import (
-    DataclassArgumentParser,
-    remember_training_arguments,
-    training_arguments_cache,
+from hf_vanilla.cli import (
+    HelpFormatter,
+    dataclass_parser,
+    parse_into_dataclasses,
+    quiet_unused_torchao,
+    refuse_non_finite,
+    run_cli,
 )
 from hf_vanilla.data.options import DataArguments
 from hf_vanilla.hub.options import DatasetCardArguments
-from hf_vanilla.training.options import PaperRecipeArguments, TrainingModelArguments
+from hf_vanilla.training.options import TrainingModelArguments
 
 EPILOG = "An error ends in one line; --log_level debug shows its traceback."
 #: How the parser of a run and that of ``--help`` present the options.
 PARSER_KWARGS: dict[str, Any] = {"description": __doc__, "epilog": EPILOG, "formatter_class": HelpFormatter}
 
 
-def help_parser() -> DataclassArgumentParser | None:
-    """The parser of ``--help``, built without importing transformers or torch: our own options as
-    dataclass fields, transformers' ``Seq2SeqTrainingArguments`` options from their description in the
-    user's cache (:func:`~hf_vanilla.cli.parsing.training_arguments_cache`), in the order
-    ``PaperTrainingArguments`` has them. ``None`` where no readable description of the installed
-    transformers' options is there yet."""
-    try:
-        description = json.loads(training_arguments_cache().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(description, dict) or description.get("transformers") != version("transformers"):
-        return None
-    parser = DataclassArgumentParser(
-        (TrainingModelArguments, DataArguments, DatasetCardArguments), **PARSER_KWARGS
-    )
-    hints = get_type_hints(PaperRecipeArguments)
-    ours = {item.name: (item, hints[item.name]) for item in dataclasses.fields(PaperRecipeArguments)}
-    described: dict[str, list[dict[str, Any]]] = {}
-    for action in description["actions"]:
-        described.setdefault(action["dest"], []).append(action)
-    for name in dict.fromkeys([*described, *ours]):
-        if name in ours:
-            parser.add_field(*ours[name])
-        else:
-            parser.add_described(described[name])
-    return parser
-
-
-def parser() -> DataclassArgumentParser:
-    """The parser of a training run (imports transformers and torch)."""
+def parser() -> argparse.ArgumentParser:
+    """The parser of a training run and of its ``--help`` (imports transformers and torch: transformers'
+    ``Seq2SeqTrainingArguments`` are among the options)."""
     from hf_vanilla.training.arguments import PaperTrainingArguments
 
-    return DataclassArgumentParser(
+    return dataclass_parser(
         (TrainingModelArguments, DataArguments, DatasetCardArguments, PaperTrainingArguments), **PARSER_KWARGS
     )
 
@@ -108,16 +81,10 @@ def train_and_score(
 
 
 def _run(argv: list[str]) -> None:
-    if "-h" in argv or "--help" in argv:
-        light = help_parser()
-        if light is not None:
-            light.print_help()
-            light.exit()
     quiet_unused_torchao()  # training does not use torchao
     real = parser()
-    remember_training_arguments()  # for the next --help
     refuse_non_finite(real, argv)
-    model_args, data_args, card_args, training_args = real.parse_args_into_dataclasses(argv)
+    model_args, data_args, card_args, training_args = parse_into_dataclasses(real, argv)
     from hf_vanilla.training.launch_checks import end_process_group  # torch
     from hf_vanilla.training.resilience import StoppedBySignal
     from hf_vanilla.training.run import setup_logging
