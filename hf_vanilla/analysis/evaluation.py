@@ -25,7 +25,7 @@ from sacrebleu.metrics.bleu import BLEU
 from hf_vanilla.analysis.tokenized_bleu import TOKENIZED_BLEU_TOKENIZERS, check_segments, tokenized_bleu
 from hf_vanilla.data.loading import hub_offline
 from hf_vanilla.inference.ctranslate2 import CTranslate2Model
-from hf_vanilla.inference.decoding import DecodingOptions
+from hf_vanilla.inference.options import DecodingOptions
 from hf_vanilla.inference.translation import translate
 from hf_vanilla.io.atomic import atomic_file
 from hf_vanilla.io.checked_loading import loaded_weights_fingerprint

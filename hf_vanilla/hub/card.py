@@ -13,7 +13,7 @@ import transformers
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from hf_vanilla.hub.folder import TRAINING_ARGS_JSON
-from hf_vanilla.hub.options import KNOWN_DATASETS, MULTI30K, DatasetCard, DatasetCardArguments
+from hf_vanilla.hub.options import KNOWN_DATASETS, DatasetCard, DatasetCardArguments
 from hf_vanilla.hub.record import read_training_record
 from hf_vanilla.io.checkpoints import TRAINER_STATE_NAME
 from hf_vanilla.io.checksums import weights_fingerprint
@@ -24,10 +24,6 @@ logger = logging.getLogger(__name__)
 
 
 __all__ = [
-    "KNOWN_DATASETS",
-    "MULTI30K",
-    "DatasetCard",
-    "DatasetCardArguments",
     "card_data_recorded_in",
     "card_title",
     "check_results_model",

@@ -43,7 +43,7 @@ from hf_vanilla.hub.card import (
 from hf_vanilla.hub.folder import save_for_hub
 from hf_vanilla.hub.options import PublishArguments
 from hf_vanilla.hub.record import read_training_record
-from hf_vanilla.inference.decoding import EARLY_STOPPING
+from hf_vanilla.inference.options import EARLY_STOPPING
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
 from hf_vanilla.io.checked_loading import loaded_weights_fingerprint
 from hf_vanilla.io.checksums import weights_fingerprint
@@ -51,7 +51,7 @@ from hf_vanilla.io.checksums import weights_fingerprint
 logger = logging.getLogger(__name__)
 
 
-__all__ = ["HubPushError", "PublishArguments", "publish", "push_to_hub"]
+__all__ = ["HubPushError", "publish", "push_to_hub"]
 
 
 class HubPushError(OSError):

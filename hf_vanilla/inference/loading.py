@@ -9,15 +9,13 @@ import torch
 
 from hf_vanilla.data.tokenization import check_tokenizer_matches_config, load_tokenizer
 from hf_vanilla.inference.ctranslate2 import load_ctranslate2_and_tokenizer, resolve_backend
-from hf_vanilla.inference.options import BACKENDS, DTYPE_NAMES, InferenceModelArguments
+from hf_vanilla.inference.options import DTYPE_NAMES, InferenceModelArguments
 from hf_vanilla.inference.quantization import check_route, from_pretrained_kwargs, quantize_loaded
 from hf_vanilla.io.checked_loading import load_pretrained_checked
 from hf_vanilla.io.checkpoints import deleted_while_read
 
 __all__ = [
-    "BACKENDS",
     "DTYPES",
-    "InferenceModelArguments",
     "check_dtype",
     "load_model_and_tokenizer",
     "resolve_device",

@@ -9,13 +9,11 @@ from transformers import Seq2SeqTrainingArguments
 from hf_vanilla.analysis.evaluation import check_bleu_tokenize
 from hf_vanilla.io.numbers import refuse_out_of_bounds
 from hf_vanilla.training.options import (
-    PAPER_MAX_TOKENS_PER_PROCESS,
     TRAINING_BOUNDS,
     PaperRecipeArguments,
-    TrainingModelArguments,
 )
 
-__all__ = ["PAPER_MAX_TOKENS_PER_PROCESS", "PaperTrainingArguments", "TrainingModelArguments"]
+__all__ = ["PaperTrainingArguments"]
 
 
 # --------------------------------------------------------------------------------------------------

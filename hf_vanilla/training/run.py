@@ -59,21 +59,18 @@ from transformers.trainer_utils import HubStrategy
 from hf_vanilla.analysis.evaluation import evaluate_split_into, parallel_columns
 from hf_vanilla.data.batching import sequence_lengths
 from hf_vanilla.data.cache import cached_tokenization, data_fingerprint, default_cache_root
-from hf_vanilla.data.loading import DataArguments, load_from_args, pair_location
+from hf_vanilla.data.loading import load_from_args, pair_location
+from hf_vanilla.data.options import DataArguments
 from hf_vanilla.data.tokenization import (
     check_tokenizer_matches_config,
     load_or_train_tokenizer,
     load_tokenizer,
     tokenize_translations,
 )
-from hf_vanilla.hub.card import (
-    DatasetCardArguments,
-    card_data_recorded_in,
-    dataset_card_from_args,
-    summarize_training,
-)
-from hf_vanilla.hub.push import PublishArguments, publish, push_to_hub
-from hf_vanilla.inference.decoding import DecodingOptions
+from hf_vanilla.hub.card import card_data_recorded_in, dataset_card_from_args, summarize_training
+from hf_vanilla.hub.options import DatasetCardArguments, PublishArguments
+from hf_vanilla.hub.push import publish, push_to_hub
+from hf_vanilla.inference.options import DecodingOptions
 from hf_vanilla.inference.translation import InputTooLongError, longest_input
 from hf_vanilla.io.atomic import refuse_to_replace
 from hf_vanilla.io.checked_loading import load_pretrained_checked
@@ -83,10 +80,11 @@ from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer imp
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
 )
-from hf_vanilla.training.arguments import PaperTrainingArguments, TrainingModelArguments
+from hf_vanilla.training.arguments import PaperTrainingArguments
 from hf_vanilla.training.averaging import average_last_checkpoints
 from hf_vanilla.training.checkpoints import hold_run_dir, resolve_resume_checkpoint
 from hf_vanilla.training.launch_checks import check_process_group, exit_with_launcher
+from hf_vanilla.training.options import TrainingModelArguments
 from hf_vanilla.training.resilience import SaveOnSignalCallback
 from hf_vanilla.training.trainer import PaperSeq2SeqTrainer, build_compute_metrics
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from helpers import varied_model_folder, word_tokenizer
 
-from hf_vanilla.inference.decoding import DecodingOptions
-from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.inference.loading import load_model_and_tokenizer
+from hf_vanilla.inference.options import DecodingOptions, InferenceModelArguments
 from hf_vanilla.inference.translation import TargetPrefixError, translate, translate_nbest
 
 GREEDY = DecodingOptions(num_beams=1)

@@ -26,15 +26,13 @@ from transformers.optimization import get_inverse_sqrt_schedule
 
 from hf_vanilla.cli.train import train_and_score
 from hf_vanilla.data.batching import TokenBudgetBatchSampler
-from hf_vanilla.data.loading import DataArguments, load_local_files
+from hf_vanilla.data.loading import load_local_files
+from hf_vanilla.data.options import DataArguments
 from hf_vanilla.data.tokenization import tokenize_translations
 from hf_vanilla.hub.options import DatasetCardArguments
 from hf_vanilla.inference.translation import InputTooLongError
-from hf_vanilla.training.arguments import (
-    PAPER_MAX_TOKENS_PER_PROCESS,
-    PaperTrainingArguments,
-    TrainingModelArguments,
-)
+from hf_vanilla.training.arguments import PaperTrainingArguments
+from hf_vanilla.training.options import PAPER_MAX_TOKENS_PER_PROCESS, TrainingModelArguments
 from hf_vanilla.training.run import run_training
 from hf_vanilla.training.schedule import PaperLRLambda, paper_learning_rate, paper_peak_learning_rate
 from hf_vanilla.training.trainer import PaperSeq2SeqTrainer, build_compute_metrics
