@@ -646,10 +646,14 @@ def evaluate_model(
     """Score the saved model ``model_dir`` on the validation and test splits as training evaluates
     (``eval_loss``, and BLEU and chrF with ``--predict_with_generate``), logged and saved in ``output_dir``
     as ``<prefix>eval_*`` and ``<prefix>test_*``; returns the metrics. The tokenizer is
-    ``--tokenizer_name_or_path``'s, else the folder's; the tokenized splits come from the cache training
-    filled."""
-    tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_dir)
+    ``--tokenizer_name_or_path``'s, else the folder's, and must match the model; the tokenized splits come
+    from the cache training filled."""
+    tokenizer_source = model_args.tokenizer_name_or_path or model_dir
+    tokenizer = load_tokenizer(tokenizer_source)
     model = load_pretrained_checked(model_dir)
+    check_tokenizer_matches_config(
+        tokenizer, model.config, f"tokenizer {tokenizer_source}, model {model_dir}"
+    )
     model.config.label_smoothing = model_args.label_smoothing  # eval_loss is the loss training minimises
     load_data = functools.cache(functools.partial(load_from_args, data_args))  # read where the cache misses
     tokenized = _tokenized_data(model_args, data_args, training_args, tokenizer, load_data)

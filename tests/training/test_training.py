@@ -445,6 +445,12 @@ def test_run_training_only_trains_and_returns_its_folder(tmp_path: Path, tokeniz
     assert not (out / "averaged").exists() and not (out / "eval_results.json").exists()
 
 
+def test_scoring_without_training_needs_a_saved_model(tmp_path: Path, tokenizer) -> None:
+    """--do_train false scores a saved model; without one there is nothing to score (not a random model)."""
+    with pytest.raises(ValueError, match="--do_train false scores a saved model, and none was given"):
+        run_training(*_run_args(tmp_path, tokenizer, tmp_path / "out", do_train=False, do_eval=True))
+
+
 def test_the_model_cards_data_is_its_own_options_recorded_with_the_training_arguments(
     tmp_path: Path, tokenizer
 ) -> None:
