@@ -6,7 +6,8 @@ Importing the package registers ``vanilla_transformer`` with ``AutoConfig``, ``A
 
 The import itself is light (no torch, no transformers): the registration runs as soon as transformers'
 Auto classes or pipelines are imported (at once if they already are), and the public names below are
-imported on first use. A command's ``--help`` therefore answers without loading torch (docs/performance.md).
+imported on first use. A command's ``--help`` therefore answers without loading torch (but
+``hf-vanilla-train``'s: its options include transformers' training arguments; docs/performance.md).
 
 On a transformers release outside the range the model code supports, the import stops with one line naming
 that range and the fix.

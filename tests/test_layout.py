@@ -3,6 +3,7 @@ layers that never import upward; docs/internals.md names only symbols, files and
 
 from __future__ import annotations
 
+import ast
 import builtins
 import importlib
 import inspect
@@ -230,12 +231,78 @@ def test_the_internals_page_names_only_what_exists() -> None:
 
 def test_a_misnamed_symbol_is_reported() -> None:
     """The check above can fail: a module, attribute, file or test that does not exist is reported."""
-    wrong = (
-        "`durability.ResilientTrainerMixin` `Trainer._no_such_hook` `hub.py` `test_modeling.py::test_none`"
-    )
-    assert _unresolved(wrong + " `resilience.ResilientTrainerMixin` `Trainer._save_checkpoint`") == [
-        "durability.ResilientTrainerMixin",
+    wrong = "`durability.PaperSeq2SeqTrainer` `Trainer._no_such_hook` `hub.py` `test_modeling.py::test_none`"
+    assert _unresolved(wrong + " `trainer.PaperSeq2SeqTrainer` `Trainer._save_checkpoint`") == [
+        "durability.PaperSeq2SeqTrainer",
         "Trainer._no_such_hook",
         "hub.py",
         "test_modeling.py::test_none",
     ]
+
+
+# --------------------------------------------------------------------------------------------------
+# one home for each concept
+# --------------------------------------------------------------------------------------------------
+#: How code spells a checkpoint's folder name or its trainer state file, outside the helpers that do it.
+_CHECKPOINT_SPELLINGS = re.compile(
+    r"\"trainer_state\.json\"|checkpoint-\{|checkpoint-\(|PREFIX_CHECKPOINT_DIR"
+)
+
+
+def test_checkpoint_names_are_spelled_in_one_module() -> None:
+    """``checkpoint-<step>`` names and ``trainer_state.json`` are written out only in
+    hf_vanilla/io/checkpoints.py; every other module makes, reads and matches them through its names, so
+    a run's checkpoints are named, found and ordered one way."""
+    home = ROOT / "hf_vanilla" / "io" / "checkpoints.py"
+    spelled = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / "hf_vanilla").rglob("*.py"))
+        if path != home
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if _CHECKPOINT_SPELLINGS.search(line)
+    ]
+    assert spelled == [], "checkpoint names spelled outside hf_vanilla/io/checkpoints.py"
+
+
+def _defines(module: str) -> set[str] | None:
+    """The names module ``module`` of the repository defines at its top level (``None``: no such file)."""
+    path = ROOT / Path(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    if not path.is_file():
+        return None
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_names_are_imported_from_the_module_that_defines_them() -> None:
+    """No module serves another's names (no re-export under an old name): every ``from hf_vanilla.X import
+    name`` in the package, tests, scripts and benchmarks names the module that defines ``name`` (or its
+    sub-module)."""
+    elsewhere = []
+    for path in sorted(
+        p
+        for folder in ("hf_vanilla", "tests", "scripts", "benchmarks")
+        for p in (ROOT / folder).rglob("*.py")
+    ):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and (node.module or "").startswith("hf_vanilla.")
+            ):
+                continue
+            defined = _defines(node.module)
+            for alias in node.names:
+                if (
+                    defined is not None
+                    and alias.name not in defined
+                    and _defines(f"{node.module}.{alias.name}") is None
+                ):
+                    elsewhere.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{alias.name}")
+    assert elsewhere == [], "names imported from a module that does not define them"

@@ -136,7 +136,8 @@ def stage_corpus(work: Path, pairs: int) -> dict[str, Any]:
 
 
 def stage_read(work: Path, pairs: int) -> dict[str, Any]:
-    from hf_vanilla.data.loading import DataArguments, load_from_args
+    from hf_vanilla.data.loading import load_from_args
+    from hf_vanilla.data.options import DataArguments
 
     shutil.rmtree(work / "hf_datasets", ignore_errors=True)
     begin = time.time()
@@ -161,7 +162,8 @@ def _tokenized(work: Path) -> tuple[Any, Any]:
     import functools
 
     from hf_vanilla.data.cache import cached_tokenization, data_fingerprint
-    from hf_vanilla.data.loading import DataArguments, load_from_args
+    from hf_vanilla.data.loading import load_from_args
+    from hf_vanilla.data.options import DataArguments
     from hf_vanilla.data.tokenization import load_tokenizer, tokenize_translations
 
     args = DataArguments(train_files=[str(work / "corpus" / "train")])

@@ -319,7 +319,7 @@ def fsdp_smoke(output_dir: Path, args: CheckArguments) -> dict[str, Any]:
     from safetensors.torch import load_file
     from transformers import AutoModelForSeq2SeqLM
 
-    from hf_vanilla.io.safe_loading import verify_checkpoint
+    from hf_vanilla.io.checkpoints import verify_checkpoint
 
     run_dir, resumed_dir = output_dir / "fsdp_run", output_dir / "fsdp_resumed"
     for folder in (run_dir, resumed_dir):

@@ -36,9 +36,9 @@ from typing import Any
 import torch
 
 from benchmarks.real_text.run import read_lines
-from hf_vanilla.inference.decoding import DecodingOptions, paper_generation_kwargs
+from hf_vanilla.inference.decoding import paper_generation_kwargs
 from hf_vanilla.inference.loading import load_model_and_tokenizer
-from hf_vanilla.inference.options import InferenceModelArguments
+from hf_vanilla.inference.options import DecodingOptions, InferenceModelArguments
 
 
 class StepTimer:

@@ -25,10 +25,10 @@ from sacrebleu.metrics.bleu import BLEU
 from hf_vanilla.analysis.tokenized_bleu import TOKENIZED_BLEU_TOKENIZERS, check_segments, tokenized_bleu
 from hf_vanilla.data.loading import hub_offline
 from hf_vanilla.inference.ctranslate2 import CTranslate2Model
-from hf_vanilla.inference.decoding import DecodingOptions
+from hf_vanilla.inference.options import DecodingOptions
 from hf_vanilla.inference.translation import translate
 from hf_vanilla.io.atomic import atomic_file
-from hf_vanilla.io.safe_loading import loaded_weights_fingerprint
+from hf_vanilla.io.checked_loading import loaded_weights_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -287,8 +287,8 @@ def evaluate_split_into(
     """Translate and score one split as ``hf-vanilla-evaluate`` does, writing its :func:`result_files`
     (existing ones are replaced). The results name the split, the languages, the model (its name and
     ``model_sha256``, the fingerprint of the weights ``model`` was built from:
-    :func:`hf_vanilla.io.safe_loading.loaded_weights_fingerprint`, ``None`` for a model not loaded from a
-    local folder by :func:`~hf_vanilla.io.safe_loading.load_pretrained_checked`) and the data, as the model
+    :func:`hf_vanilla.io.checked_loading.loaded_weights_fingerprint`, ``None`` for a model not loaded from a
+    local folder by :func:`~hf_vanilla.io.checked_loading.load_pretrained_checked`) and the data, as the model
     card needs them. The fingerprint is taken from the model, not from the folder after translating: the
     folder's weights may have been replaced meanwhile. Keyword arguments go to
     :func:`evaluate_translations`. Returns the results and the path of the results file."""

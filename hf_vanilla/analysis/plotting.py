@@ -36,9 +36,9 @@ from tokenizers import decoders
 from hf_vanilla.inference.decoding import paper_generation_kwargs
 from hf_vanilla.inference.translation import check_input_length
 from hf_vanilla.io.atomic import atomic_file
+from hf_vanilla.io.checkpoints import TRAINER_STATE_NAME, checkpoint_folders
 from hf_vanilla.io.errors import CheckpointDeletedError
 from hf_vanilla.io.json_files import read_json
-from hf_vanilla.io.safe_loading import checkpoint_folders
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import sinusoidal_position_encoding
 
 logger = logging.getLogger(__name__)
@@ -768,8 +768,8 @@ def load_log_history(run: str | Path) -> list[dict[str, Any]]:
     if run.is_file():
         return _log_history(run)
     for _ in range(_LISTINGS):  # a training run may rotate the newest checkpoint away while it is read
-        newest_first = [c / "trainer_state.json" for c in reversed(checkpoint_folders(run))]
-        for candidate in [run / "trainer_state.json", *newest_first]:
+        newest_first = [c / TRAINER_STATE_NAME for c in reversed(checkpoint_folders(run))]
+        for candidate in [run / TRAINER_STATE_NAME, *newest_first]:
             try:
                 return _log_history(candidate)
             except FileNotFoundError:

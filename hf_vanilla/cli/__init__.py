@@ -53,7 +53,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hf_vanilla.cli.parsing import DataclassArgumentParser
 from hf_vanilla.io.atomic import forget_new_outputs
 from hf_vanilla.io.numbers import LARGEST_INT, is_non_finite
 
@@ -127,24 +126,41 @@ def refuse_non_finite(parser: argparse.ArgumentParser, argv: Sequence[str]) -> N
                 )
 
 
+def dataclass_parser(types: Any, **kwargs: Any) -> argparse.ArgumentParser:
+    """transformers' ``HfArgumentParser`` of the dataclasses ``types`` (one or a tuple), every command's
+    parser. Importing transformers is what it costs; the commands' own options import no torch."""
+    from transformers import HfArgumentParser
+
+    return HfArgumentParser(types, **kwargs)
+
+
+def parse_into_dataclasses(parser: Any, argv: Sequence[str]) -> tuple[Any, ...]:
+    """One instance of each dataclass of the :func:`dataclass_parser` ``parser``, from ``argv``; an argument
+    none of them takes is refused (``ValueError``, naming it)."""
+    *parsed, remaining = parser.parse_args_into_dataclasses(
+        args=list(argv), return_remaining_strings=True, look_for_args_file=False
+    )
+    if remaining:
+        raise ValueError(f"Unknown arguments {remaining}: see --help for this command's options.")
+    return tuple(parsed[: len(parser.dataclass_types)])
+
+
 def parse_arguments(
     argv: Sequence[str], types: Any, description: str | None
-) -> tuple[DataclassArgumentParser, tuple[Any, ...]]:
-    """Parse ``argv`` into the dataclasses ``types`` (one or a tuple) with
-    :class:`~hf_vanilla.cli.parsing.DataclassArgumentParser` (``HfArgumentParser``'s options, without
-    importing transformers) and the commands' ``--debug`` epilog, refusing non-finite numbers
-    (:func:`refuse_non_finite`), then log INFO and above to stderr. Returns the parser (for
-    ``parser.error``) and the parsed dataclasses."""
-    parser = DataclassArgumentParser(
+) -> tuple[argparse.ArgumentParser, tuple[Any, ...]]:
+    """Parse ``argv`` into the dataclasses ``types`` (one or a tuple) with :func:`dataclass_parser` and the
+    commands' ``--debug`` epilog, refusing non-finite numbers (:func:`refuse_non_finite`), then log INFO
+    and above to stderr. Returns the parser (for ``parser.error``) and the parsed dataclasses."""
+    parser = dataclass_parser(
         types, description=description, epilog=DEBUG_EPILOG, formatter_class=HelpFormatter
     )
     add_debug_flag(parser)
     refuse_non_finite(parser, argv)
-    parsed = parser.parse_args_into_dataclasses(list(argv))
+    parsed = parse_into_dataclasses(parser, argv)
     configure_logging(
         torchao=any(str(getattr(args, "quantization", None)).startswith("torchao") for args in parsed)
     )
-    return parser, tuple(parsed)
+    return parser, parsed
 
 
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:

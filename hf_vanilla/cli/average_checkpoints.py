@@ -48,7 +48,7 @@ class AveragingArguments:
 
 
 def _print_complete_checkpoints(run_dir: str) -> None:
-    from hf_vanilla.training.checkpoints import find_complete_checkpoints  # torch, after --help
+    from hf_vanilla.io.checkpoints import find_complete_checkpoints  # torch, after --help
 
     found = find_complete_checkpoints(run_dir)
     if not found:

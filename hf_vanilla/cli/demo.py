@@ -5,18 +5,25 @@ from __future__ import annotations
 import logging
 import sys
 
-from hf_vanilla.cli import DEBUG_EPILOG, add_debug_flag, quiet_unused_torchao, refuse_non_finite, run_cli
-from hf_vanilla.cli.parsing import DataclassArgumentParser
+from hf_vanilla.cli import (
+    DEBUG_EPILOG,
+    add_debug_flag,
+    dataclass_parser,
+    parse_into_dataclasses,
+    quiet_unused_torchao,
+    refuse_non_finite,
+    run_cli,
+)
 from hf_vanilla.demo.options import DemoArguments
 
 logger = logging.getLogger(__name__)
 
 
 def _main(argv: list[str]) -> None:
-    parser = DataclassArgumentParser(DemoArguments, epilog=DEBUG_EPILOG)
+    parser = dataclass_parser(DemoArguments, epilog=DEBUG_EPILOG)
     add_debug_flag(parser)
     refuse_non_finite(parser, argv)
-    (args,) = parser.parse_args_into_dataclasses(argv)
+    (args,) = parse_into_dataclasses(parser, argv)
     quiet_unused_torchao()
     from hf_vanilla.demo.run import report, run_demo  # torch, after --help
 

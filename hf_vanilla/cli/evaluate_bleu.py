@@ -80,7 +80,7 @@ class EvalArguments:
 def default_output_dir(model: str | Path) -> Path:
     """``<model>/eval``; for a Trainer checkpoint ``RUN/checkpoint-<step>``, ``RUN/eval-checkpoint-<step>``
     (beside it: a checkpoint's folder holds what the run wrote, nothing else)."""
-    from hf_vanilla.io.safe_loading import checkpoint_step  # torch, after --help
+    from hf_vanilla.io.checkpoints import checkpoint_step  # torch, after --help
 
     model = Path(model)
     if checkpoint_step(model) is not None:

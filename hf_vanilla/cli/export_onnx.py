@@ -31,7 +31,8 @@ class OnnxExportArguments:
 
 def _run(argv: list[str]) -> None:
     _, (args,) = parse_arguments(argv, OnnxExportArguments, __doc__)
-    from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer  # torch
+    from hf_vanilla.inference.loading import load_model_and_tokenizer  # torch
+    from hf_vanilla.inference.options import InferenceModelArguments
     from hf_vanilla.interop.export_onnx import export_onnx
 
     check_model_dir(args.model_dir)

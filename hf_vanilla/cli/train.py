@@ -22,83 +22,77 @@ Every option and its paper default: `hf-vanilla-train --help`.
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import argparse
 import sys
-from importlib.metadata import version
-from typing import Any, get_type_hints
+from typing import Any
 
-from hf_vanilla.cli import HelpFormatter, quiet_unused_torchao, refuse_non_finite, run_cli
-from hf_vanilla.cli.parsing import (
-    DataclassArgumentParser,
-    remember_training_arguments,
-    training_arguments_cache,
+from hf_vanilla.cli import (
+    HelpFormatter,
+    dataclass_parser,
+    parse_into_dataclasses,
+    quiet_unused_torchao,
+    refuse_non_finite,
+    run_cli,
 )
 from hf_vanilla.data.options import DataArguments
 from hf_vanilla.hub.options import DatasetCardArguments
-from hf_vanilla.training.options import PaperRecipeArguments, TrainingModelArguments
+from hf_vanilla.training.options import TrainingModelArguments
 
 EPILOG = "An error ends in one line; --log_level debug shows its traceback."
 #: How the parser of a run and that of ``--help`` present the options.
 PARSER_KWARGS: dict[str, Any] = {"description": __doc__, "epilog": EPILOG, "formatter_class": HelpFormatter}
 
 
-def help_parser() -> DataclassArgumentParser | None:
-    """The parser of ``--help``, built without importing transformers or torch: our own options as
-    dataclass fields, transformers' ``Seq2SeqTrainingArguments`` options from their description in the
-    user's cache (:func:`~hf_vanilla.cli.parsing.training_arguments_cache`), in the order
-    ``PaperTrainingArguments`` has them. ``None`` where no readable description of the installed
-    transformers' options is there yet."""
-    try:
-        description = json.loads(training_arguments_cache().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(description, dict) or description.get("transformers") != version("transformers"):
-        return None
-    parser = DataclassArgumentParser((TrainingModelArguments, DataArguments), **PARSER_KWARGS)
-    ours: dict[str, tuple[dataclasses.Field, Any]] = {}
-    for dtype in (DatasetCardArguments, PaperRecipeArguments):  # as dataclasses collect the bases' fields
-        hints = get_type_hints(dtype)
-        ours |= {item.name: (item, hints[item.name]) for item in dataclasses.fields(dtype)}
-    described: dict[str, list[dict[str, Any]]] = {}
-    for action in description["actions"]:
-        described.setdefault(action["dest"], []).append(action)
-    for name in dict.fromkeys([*described, *ours]):
-        if name in ours:
-            parser.add_field(*ours[name])
-        else:
-            parser.add_described(described[name])
-    return parser
-
-
-def parser() -> DataclassArgumentParser:
-    """The parser of a training run (imports transformers and torch)."""
+def parser() -> argparse.ArgumentParser:
+    """The parser of a training run and of its ``--help`` (imports transformers and torch: transformers'
+    ``Seq2SeqTrainingArguments`` are among the options)."""
     from hf_vanilla.training.arguments import PaperTrainingArguments
 
-    return DataclassArgumentParser(
-        (TrainingModelArguments, DataArguments, PaperTrainingArguments), **PARSER_KWARGS
+    return dataclass_parser(
+        (TrainingModelArguments, DataArguments, DatasetCardArguments, PaperTrainingArguments), **PARSER_KWARGS
     )
 
 
+def train_and_score(
+    model_args: Any, data_args: Any, training_args: Any, card_args: DatasetCardArguments | None = None
+) -> dict[str, float]:
+    """The steps of ``hf-vanilla-train``, all while the run holds ``--output_dir``
+    (:func:`~hf_vanilla.training.run.run_folder`): train
+    (:func:`~hf_vanilla.training.run.run_training`); with ``--do_eval``, score the trained model on the
+    validation and test splits; with ``--average_last_n_checkpoints``, average the last checkpoints and
+    score the average (``averaged_*``); with ``--push_to_hub``, publish the model the scores describe
+    (the average, if any) from the main process, its card naming the data as ``card_args`` does. Returns
+    the scores."""
+    from hf_vanilla.training.run import average_run, evaluate_model, publish_run, run_folder, run_training
+
+    repo_id = training_args.hub_model_id if training_args.push_to_hub else None  # checked by run_training
+    card_args = card_args or DatasetCardArguments()
+    results: dict[str, float] = {}
+    with run_folder(model_args, training_args):
+        scored = run_training(model_args, data_args, training_args, card_args)
+        if training_args.do_eval:
+            results |= evaluate_model(scored, model_args, data_args, training_args)
+        if training_args.do_train and training_args.average_last_n_checkpoints:
+            scored = average_run(training_args)
+            results |= evaluate_model(scored, model_args, data_args, training_args, prefix="averaged_")
+        if repo_id is not None and training_args.process_index == 0:
+            publish_run(scored, data_args, training_args, card_args, repo_id)
+    return results
+
+
 def _run(argv: list[str]) -> None:
-    if "-h" in argv or "--help" in argv:
-        light = help_parser()
-        if light is not None:
-            light.print_help()
-            light.exit()
     quiet_unused_torchao()  # training does not use torchao
     real = parser()
-    remember_training_arguments()  # for the next --help
     refuse_non_finite(real, argv)
-    model_args, data_args, training_args = real.parse_args_into_dataclasses(argv)
+    model_args, data_args, card_args, training_args = parse_into_dataclasses(real, argv)
     from hf_vanilla.training.launch_checks import end_process_group  # torch
     from hf_vanilla.training.resilience import StoppedBySignal
-    from hf_vanilla.training.run import run_training, setup_logging
+    from hf_vanilla.training.run import setup_logging
 
     setup_logging(training_args)
     stopped: int | None = None
     try:
-        run_training(model_args, data_args, training_args)
+        train_and_score(model_args, data_args, training_args, card_args)
     except StoppedBySignal as stop:  # every process saved the step and passed the callback's barrier
         stopped = int(stop.code)
     # Here the Trainer is garbage (the traceback that held it is gone), as end_process_group needs.

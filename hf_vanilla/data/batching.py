@@ -29,7 +29,7 @@ With global sorting the sorted length sequence, hence the batch count, is the sa
 `sort_pool_size` it varies by a few batches between epochs; `len()` is exact for the current epoch, but
 `Trainer` counts the steps of an epoch once, from the first.
 
-**With `Trainer` and Accelerate.** `TokenBudgetSeq2SeqTrainer` builds the rank-aware sampler above and
+**With `Trainer` and Accelerate.** `hf_vanilla.training.trainer.PaperSeq2SeqTrainer` builds the rank-aware sampler above and
 passes it as the DataLoader's `batch_sampler`. With several processes, `accelerator.prepare` (accelerate
 1.x) wraps any batch sampler in a `BatchSamplerShard` that deals its batches round-robin over the
 processes — which would shard our already-sharded batches a second time and drop most of them. As

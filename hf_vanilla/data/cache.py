@@ -37,7 +37,7 @@ from typing import Any
 import datasets
 from transformers import PreTrainedTokenizerBase
 
-from hf_vanilla.data.loading import DataArguments
+from hf_vanilla.data.options import DataArguments
 from hf_vanilla.io.atomic import TEMPORARY_REMOVED, full_disk_named
 from hf_vanilla.io.errors import CorruptCheckpointError
 from hf_vanilla.io.json_files import read_json

@@ -1,7 +1,6 @@
 """The data commands' options (where the parallel data comes from, how to train the tokenizer),
-importable without datasets or torch so that a command's ``--help`` answers at once;
-:mod:`hf_vanilla.data.loading` and :mod:`hf_vanilla.data.tokenization` use them (and export them under
-their old names)."""
+importable without datasets or torch so that a command's ``--help`` needs no torch;
+:mod:`hf_vanilla.data.loading` and :mod:`hf_vanilla.data.tokenization` use them."""
 
 from __future__ import annotations
 

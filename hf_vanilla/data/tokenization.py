@@ -34,7 +34,6 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast  # neither imports torch
 
 from hf_vanilla.data.options import TOKENIZER_SAMPLE_PAIRS, DataArguments
-from hf_vanilla.data.options import TokenizerArguments as TokenizerArguments  # its old home
 from hf_vanilla.io.errors import CorruptCheckpointError
 from hf_vanilla.io.json_files import read_json
 from hf_vanilla.io.manifest import verify_tokenizer_files

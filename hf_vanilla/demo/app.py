@@ -37,7 +37,8 @@ from matplotlib.figure import Figure
 
 from hf_vanilla.analysis.plotting import attention_mean_figure, cross_attention
 from hf_vanilla.hub.record import read_training_record
-from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.inference.loading import load_model_and_tokenizer
+from hf_vanilla.inference.options import InferenceModelArguments
 from hf_vanilla.inference.translation import check_input_length
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
-"""The demo's options, importable without torch so that ``hf-vanilla-demo --help`` answers at once;
-:mod:`hf_vanilla.demo.run` uses them (and exports them under their old names)."""
+"""The demo's options, importable without torch so that ``hf-vanilla-demo --help`` needs no torch;
+:mod:`hf_vanilla.demo.run` uses them."""
 
 from __future__ import annotations
 

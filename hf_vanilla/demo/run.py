@@ -56,9 +56,10 @@ from hf_vanilla.data.tokenization import (
     train_tokenizer_from_dataset,
 )
 from hf_vanilla.demo.options import DemoArguments
-from hf_vanilla.hub.card import DatasetCard, render_model_card
+from hf_vanilla.hub.card import render_model_card
+from hf_vanilla.hub.options import DatasetCard
 from hf_vanilla.hub.record import MAX_EXAMPLES, write_training_record
-from hf_vanilla.inference.decoding import DecodingOptions
+from hf_vanilla.inference.options import DecodingOptions
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
 from hf_vanilla.io.checksums import weights_fingerprint
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig

@@ -13,8 +13,9 @@ import transformers
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from hf_vanilla.hub.folder import TRAINING_ARGS_JSON
-from hf_vanilla.hub.options import KNOWN_DATASETS, MULTI30K, DatasetCard, DatasetCardArguments
+from hf_vanilla.hub.options import KNOWN_DATASETS, DatasetCard, DatasetCardArguments
 from hf_vanilla.hub.record import read_training_record
+from hf_vanilla.io.checkpoints import TRAINER_STATE_NAME
 from hf_vanilla.io.checksums import weights_fingerprint
 from hf_vanilla.io.json_files import read_json
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import TRANSFORMERS_REQUIREMENT
@@ -23,10 +24,6 @@ logger = logging.getLogger(__name__)
 
 
 __all__ = [
-    "KNOWN_DATASETS",
-    "MULTI30K",
-    "DatasetCard",
-    "DatasetCardArguments",
     "card_data_recorded_in",
     "card_title",
     "check_results_model",
@@ -310,7 +307,7 @@ def summarize_training(model_dir: str | Path) -> str:
     record = read_training_record(model_dir)
     if record is not None and record.get("summary"):
         return record["summary"]
-    state_file = Path(model_dir) / "trainer_state.json"
+    state_file = Path(model_dir) / TRAINER_STATE_NAME
     state = read_json(state_file) if state_file.is_file() else None
     how = (
         f"with {record['trained_with']}"

@@ -1,6 +1,6 @@
 """What the model card says about the data, and the publish command's options, importable without
-huggingface_hub or torch so that a command's ``--help`` answers at once; :mod:`hf_vanilla.hub.card` and
-:mod:`hf_vanilla.hub.push` use them (and export them under their old names)."""
+huggingface_hub or torch so that a command's ``--help`` needs no torch; :mod:`hf_vanilla.hub.card` and
+:mod:`hf_vanilla.hub.push` use them."""
 
 from __future__ import annotations
 

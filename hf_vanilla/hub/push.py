@@ -43,15 +43,15 @@ from hf_vanilla.hub.card import (
 from hf_vanilla.hub.folder import save_for_hub
 from hf_vanilla.hub.options import PublishArguments
 from hf_vanilla.hub.record import read_training_record
-from hf_vanilla.inference.decoding import EARLY_STOPPING
+from hf_vanilla.inference.options import EARLY_STOPPING
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
+from hf_vanilla.io.checked_loading import loaded_weights_fingerprint
 from hf_vanilla.io.checksums import weights_fingerprint
-from hf_vanilla.io.safe_loading import loaded_weights_fingerprint
 
 logger = logging.getLogger(__name__)
 
 
-__all__ = ["HubPushError", "PublishArguments", "publish", "push_to_hub"]
+__all__ = ["HubPushError", "publish", "push_to_hub"]
 
 
 class HubPushError(OSError):
@@ -128,7 +128,7 @@ def publish(model: Any, tokenizer: Any, args: PublishArguments, model_dir: str |
     The generation config in the folder is set to the beam size, α and stopping rule that produced the
     card's scores. With ``model_dir`` (the folder ``model`` was loaded from) every results file must have
     scored the weights ``model`` was built from (:func:`check_results_model` with
-    :func:`~hf_vanilla.io.safe_loading.loaded_weights_fingerprint`); without it nothing can be compared, so the caller
+    :func:`~hf_vanilla.io.checked_loading.loaded_weights_fingerprint`); without it nothing can be compared, so the caller
     vouches for the scores. The card's title, data, training paragraph and examples come from ``args``,
     else from what ``model_dir`` records (``training_record.json``, ``training_args.json``,
     ``trainer_state.json``), else they say "unknown"; no local path is written into the folder. An existing ``output_dir`` is refused (``FileExistsError``) unless ``args.overwrite``;

@@ -9,19 +9,12 @@ import torch
 
 from hf_vanilla.inference.options import (
     EARLY_STOPPING,
-    LENGTH_PENALTY_TYPES,
     DecodingOptions,
-    Hypothesis,
     check_nbest,
     refuse_non_finite,
 )
 
 __all__ = [
-    "EARLY_STOPPING",
-    "LENGTH_PENALTY_TYPES",
-    "DecodingOptions",
-    "Hypothesis",
-    "check_nbest",
     "generate_hypotheses",
     "generate_ids",
     "gnmt_length_penalty",

@@ -3,55 +3,26 @@ quantization."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from hf_vanilla.data.tokenization import check_tokenizer_matches_config, load_tokenizer
 from hf_vanilla.inference.ctranslate2 import load_ctranslate2_and_tokenizer, resolve_backend
-from hf_vanilla.inference.options import BACKENDS, DTYPE_NAMES, InferenceModelArguments
+from hf_vanilla.inference.options import DTYPE_NAMES, InferenceModelArguments
 from hf_vanilla.inference.quantization import check_route, from_pretrained_kwargs, quantize_loaded
-from hf_vanilla.io.errors import CheckpointError
-from hf_vanilla.io.safe_loading import deleted_while_read, load_pretrained_checked
+from hf_vanilla.io.checked_loading import load_pretrained_checked
+from hf_vanilla.io.checkpoints import deleted_while_read
 
 __all__ = [
-    "BACKENDS",
     "DTYPES",
-    "InferenceModelArguments",
     "check_dtype",
-    "load_model",
     "load_model_and_tokenizer",
     "resolve_device",
 ]
 
 #: ``--dtype`` values and the torch dtype of each (``auto``: as saved / as exported).
 DTYPES = dict(zip(DTYPE_NAMES, (None, torch.float32, torch.bfloat16, torch.float16), strict=True))
-
-
-def load_model(name: str | Path, **kwargs: Any) -> Any:
-    """``AutoModelForSeq2SeqLM.from_pretrained(name, **kwargs)`` with errors that name the cause
-    (:func:`hf_vanilla.io.safe_loading.load_pretrained_checked`: a truncated or damaged weights file, a
-    missing config, NaN weights, a config that disagrees with the weights); a name that is neither a
-    folder nor a loadable Hub model says so."""
-    path = Path(name)
-    if path.is_dir():
-        return load_pretrained_checked(path, **kwargs)
-    if path.exists():
-        raise ValueError(
-            f"--model_name_or_path {str(name)!r} is a file: give the model folder (config.json and model.safetensors)."
-        )
-    try:
-        return load_pretrained_checked(str(name), **kwargs)
-    except CheckpointError:
-        raise
-    except (OSError, ValueError) as err:
-        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise FileNotFoundError(
-            f"--model_name_or_path {str(name)!r}: no such folder, and no model of that name could be loaded from "
-            f"the Hugging Face Hub ({detail}). Check the path: a training run's --output_dir, one of its "
-            "checkpoint-<step> folders, or an averaged model folder."
-        ) from err
 
 
 def load_model_and_tokenizer(
@@ -89,7 +60,7 @@ def load_model_and_tokenizer(
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     with deleted_while_read(args.model_name_or_path):  # a checkpoint a training run rotates away meanwhile
-        model = load_model(args.model_name_or_path, **kwargs)
+        model = load_pretrained_checked(args.model_name_or_path, **kwargs)
         tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=args.trust_remote_code)
     check_tokenizer_matches_config(
         tokenizer, model.config, f"tokenizer {tokenizer_source}, model {args.model_name_or_path}"

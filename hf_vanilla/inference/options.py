@@ -1,6 +1,6 @@
 """The inference commands' options (which model, where, how to decode), importable without torch so
-that a command's ``--help`` answers at once; :mod:`hf_vanilla.inference.decoding` and
-:mod:`hf_vanilla.inference.loading` use them (and export them under their old names)."""
+that a command's ``--help`` needs no torch; :mod:`hf_vanilla.inference.decoding` and
+:mod:`hf_vanilla.inference.loading` use them."""
 
 from __future__ import annotations
 

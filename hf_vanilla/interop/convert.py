@@ -40,12 +40,12 @@ from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, Offl
 from transformers import FSMTForConditionalGeneration, MarianMTModel, PreTrainedModel
 
 from hf_vanilla.hub.folder import save_model_folder
-from hf_vanilla.interop.options import ConversionArguments as ConversionArguments  # its old home
+from hf_vanilla.interop.options import ConversionArguments
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
+from hf_vanilla.io.checked_loading import load_pretrained_checked
 from hf_vanilla.io.errors import CheckpointError
 from hf_vanilla.io.json_files import read_json
 from hf_vanilla.io.pickles import verify_pickle_file
-from hf_vanilla.io.safe_loading import load_pretrained_checked
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import (
     ACTIVATIONS,
     VanillaTransformerConfig,

@@ -1,6 +1,6 @@
 """The conversion and export commands' options, importable without torch so that a command's ``--help``
-answers at once; :mod:`hf_vanilla.interop.convert` and :mod:`hf_vanilla.interop.export_ctranslate2` use
-them (and export them under their old names)."""
+needs no torch; :mod:`hf_vanilla.interop.convert` and :mod:`hf_vanilla.interop.export_ctranslate2` use
+them."""
 
 from __future__ import annotations
 

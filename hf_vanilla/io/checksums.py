@@ -60,7 +60,7 @@ def weights_fingerprint(folder: str | Path) -> str | None:
     wherever the folder is copied; ``None`` for a name that is not a local folder or a folder without
     weights. Evaluation results record it so that publishing can check which model they scored; a loaded
     model carries the one of the bytes it was built from
-    (:func:`hf_vanilla.io.safe_loading.loaded_weights_fingerprint`)."""
+    (:func:`hf_vanilla.io.checked_loading.loaded_weights_fingerprint`)."""
     folder = Path(folder)
     if not folder.is_dir():
         return None

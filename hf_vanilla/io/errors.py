@@ -53,7 +53,7 @@ class ConfigMismatchError(CheckpointError):
 def damaged_file_hint(path: Path) -> str:
     return (
         " The file was probably cut short when a run was killed while saving, or damaged on disk. Resume "
-        "from an earlier checkpoint (hf_vanilla.training.checkpoints.last_complete_checkpoint finds the newest whole "
+        "from an earlier checkpoint (hf_vanilla.io.checkpoints.last_complete_checkpoint finds the newest whole "
         f"one), or delete {str(path.parent)!r}."
     )
 

@@ -7,27 +7,24 @@ from dataclasses import dataclass
 from transformers import Seq2SeqTrainingArguments
 
 from hf_vanilla.analysis.evaluation import check_bleu_tokenize
-from hf_vanilla.hub.options import DatasetCardArguments
 from hf_vanilla.io.numbers import refuse_out_of_bounds
 from hf_vanilla.training.options import (
-    PAPER_MAX_TOKENS_PER_PROCESS,
     TRAINING_BOUNDS,
     PaperRecipeArguments,
-    TrainingModelArguments,
 )
 
-__all__ = ["PAPER_MAX_TOKENS_PER_PROCESS", "PaperTrainingArguments", "TrainingModelArguments"]
+__all__ = ["PaperTrainingArguments"]
 
 
 # --------------------------------------------------------------------------------------------------
 # Arguments
 # --------------------------------------------------------------------------------------------------
 @dataclass
-class PaperTrainingArguments(PaperRecipeArguments, DatasetCardArguments, Seq2SeqTrainingArguments):
+class PaperTrainingArguments(PaperRecipeArguments, Seq2SeqTrainingArguments):
     """``Seq2SeqTrainingArguments`` with the paper's recipe (§5.2–§5.4, §6.1) as defaults
-    (:class:`~hf_vanilla.training.options.PaperRecipeArguments`), and the training data as the model card
-    names it (:class:`~hf_vanilla.hub.options.DatasetCardArguments`, required with ``--push_to_hub``;
-    recorded in ``training_args.json``)."""
+    (:class:`~hf_vanilla.training.options.PaperRecipeArguments`). The training data as the model card names
+    it is a separate set of options (:class:`~hf_vanilla.hub.options.DatasetCardArguments`), which
+    ``hf-vanilla-train`` parses beside these and the Trainer records in ``training_args.json``."""
 
     def __post_init__(self) -> None:
         refuse_out_of_bounds(self, TRAINING_BOUNDS)  # before transformers reads them

@@ -29,14 +29,10 @@ from transformers import PreTrainedModel
 from hf_vanilla.hub.folder import TRAINING_ARGS_JSON, save_model_folder
 from hf_vanilla.hub.record import read_training_record, write_training_record
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
+from hf_vanilla.io.checked_loading import load_pretrained_checked
+from hf_vanilla.io.checkpoints import find_complete_checkpoints, pinned_checkpoints
 from hf_vanilla.io.errors import CheckpointDeletedError
-from hf_vanilla.io.safe_loading import (
-    load_pretrained_checked,
-    nonfinite_tensors,
-    refuse_nonfinite,
-    verify_safetensors_file,
-)
-from hf_vanilla.training.checkpoints import find_complete_checkpoints, pinned_checkpoints
+from hf_vanilla.io.safe_loading import nonfinite_tensors, refuse_nonfinite, verify_safetensors_file
 
 logger = logging.getLogger(__name__)
 
@@ -56,20 +52,8 @@ __all__ = [
     "average_checkpoints",
     "average_last_checkpoints",
     "average_state_dicts",
-    "find_checkpoints",
     "load_safetensors_state_dict",
 ]
-
-
-def find_checkpoints(run_dir: str | Path) -> list[Path]:
-    """The whole ``checkpoint-<step>`` folders of a training run, oldest first by step number
-    (``checkpoint-900`` before ``checkpoint-1000``, whatever the file times), as resuming and
-    ``--save_total_limit`` see them (:func:`hf_vanilla.training.checkpoints.find_complete_checkpoints`);
-    damaged ones are skipped with a warning naming them."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"Training output folder {str(run_dir)!r} does not exist.")
-    return find_complete_checkpoints(run_dir)
 
 
 def load_safetensors_state_dict(checkpoint: str | Path) -> dict[str, torch.Tensor]:
@@ -170,10 +154,10 @@ def average_checkpoints(
     """Average the parameters of ``checkpoints`` (§6.1) into a ``from_pretrained``-able folder.
 
     The configuration, generation configuration and tokenizer files come from the last checkpoint
-    of the list (pass them oldest first, as :func:`find_checkpoints` returns them). Every checkpoint is
-    checked as resuming checks it (:func:`~hf_vanilla.io.safe_loading.verify_checkpoint`, its
+    of the list (pass them oldest first, as :func:`~hf_vanilla.io.checkpoints.find_complete_checkpoints` returns them). Every checkpoint is
+    checked as resuming checks it (:func:`~hf_vanilla.io.checkpoints.verify_checkpoint`, its
     ``checksums.sha256`` included) and read from a pinned snapshot
-    (:func:`~hf_vanilla.training.checkpoints.pinned_checkpoints`), so a training run rotating its
+    (:func:`~hf_vanilla.io.checkpoints.pinned_checkpoints`), so a training run rotating its
     checkpoints meanwhile takes nothing away mid-read. Returns ``output_dir``. An existing
     ``output_dir`` (other than an empty folder) is refused with
     ``FileExistsError`` unless ``overwrite``; a folder that holds one of the checkpoints (the run
@@ -251,7 +235,9 @@ def average_last_checkpoints(
     ``overwrite``: as in :func:`average_checkpoints`."""
     if isinstance(last_n, bool) or not isinstance(last_n, int) or last_n < 1:
         raise ValueError(f"The number of checkpoints to average must be a positive integer, got {last_n!r}.")
-    found = find_checkpoints(run_dir)
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"Training output folder {str(run_dir)!r} does not exist.")
+    found = find_complete_checkpoints(run_dir)
     if not found:
         raise FileNotFoundError(
             f"No whole checkpoint-<step> folders in {str(run_dir)!r}. Train with checkpoints (--save_steps) or give "

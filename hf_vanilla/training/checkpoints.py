@@ -1,6 +1,6 @@
-"""The checkpoints of a run folder: which are complete, in step order, rotation, the run's lock, which
-checkpoint a run resumes from, whether its optimizer and scheduler states fit the run, and pinning
-checkpoints while a command reads them."""
+"""A training run's own checkpoints: rotation in step order, the run's lock, which checkpoint a run
+resumes from, and whether its optimizer and scheduler states fit the run. What a checkpoint is, where a
+run's checkpoints are and whether one is whole is :mod:`hf_vanilla.io.checkpoints`'."""
 
 from __future__ import annotations
 
@@ -10,22 +10,21 @@ import fcntl
 import logging
 import os
 import shutil
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hf_vanilla.io.atomic import refuse_to_replace
-from hf_vanilla.io.errors import CheckpointDeletedError, CheckpointError
-from hf_vanilla.io.safe_loading import (
+from hf_vanilla.io.checkpoints import (
     TRAINER_STATE_NAME,
     checkpoint_folders,
-    checkpoint_step,
+    find_complete_checkpoints,
+    last_complete_checkpoint,
     verify_checkpoint,
-    verify_model_folder,
 )
+from hf_vanilla.io.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -36,55 +35,13 @@ __all__ = [
     "StateMismatchError",
     "check_optimizer_state",
     "check_scheduler_state",
-    "find_complete_checkpoints",
     "hold_run_dir",
-    "last_complete_checkpoint",
-    "pinned_checkpoints",
     "resolve_resume_checkpoint",
     "rotate_checkpoints_by_step",
 ]
 
 #: Folder inside the run directory where checkpoints are written before they are renamed into place.
 STAGING_DIR_NAME = ".incomplete-checkpoints"
-
-
-def _complete_checkpoints(run_dir: str | Path, newest_first: bool, **verify_kwargs: Any) -> Iterator[Path]:
-    """The ``checkpoint-<step>`` folders of ``run_dir`` that pass :func:`verify_checkpoint`, checked one
-    at a time in step order (:func:`checkpoint_folders`) as they are drawn; damaged ones are skipped
-    with a warning saying why, and ones deleted while they are checked (a training run rotating its
-    checkpoints) with a note saying so."""
-    candidates = checkpoint_folders(Path(run_dir))
-    for path in reversed(candidates) if newest_first else candidates:
-        try:
-            verify_checkpoint(path, **verify_kwargs)
-        except (CheckpointError, FileNotFoundError) as err:
-            if not path.is_dir() or not isinstance(err, CheckpointError):  # a file listed, then gone
-                logger.info(
-                    "Skipping checkpoint %s: it was deleted while it was being read (a training run rotating "
-                    "its checkpoints).",
-                    path,
-                )
-            else:
-                logger.warning("Skipping checkpoint %s: %s", path, err)
-        else:
-            yield path
-
-
-def find_complete_checkpoints(run_dir: str | Path, **verify_kwargs: Any) -> list[Path]:
-    """The ``checkpoint-<step>`` folders of ``run_dir`` that pass :func:`verify_checkpoint`, oldest
-    first by step (``checkpoint-900`` before ``checkpoint-1000``, whatever the file times); damaged
-    ones are skipped with a warning saying why."""
-    return list(_complete_checkpoints(run_dir, newest_first=False, **verify_kwargs))
-
-
-def last_complete_checkpoint(run_dir: str | Path, **verify_kwargs: Any) -> Path | None:
-    """The newest (by step) whole checkpoint of ``run_dir`` (``None`` if there is none), checking
-    newest first.
-
-    Use it instead of ``get_last_checkpoint``, which returns the newest folder even when a kill
-    during saving left it half-written.
-    """
-    return next(_complete_checkpoints(run_dir, newest_first=True, **verify_kwargs), None)
 
 
 def rotate_checkpoints_by_step(
@@ -115,95 +72,6 @@ def rotate_checkpoints_by_step(
             deleted.append(path)
             surplus -= 1
     return deleted
-
-
-@contextlib.contextmanager
-def pinned_checkpoints(checkpoints: Sequence[str | Path]) -> Iterator[list[Path]]:
-    """Private snapshots of ``checkpoints``, each checked with :func:`verify_checkpoint` (weights,
-    pickles, ``checksums.sha256``: what ``--run_dir`` and resuming check; a model folder that is no
-    Trainer checkpoint, such as a final model, with :func:`verify_model_folder`), to read instead of them.
-
-    A training run with ``--save_total_limit`` deletes old checkpoints (``shutil.rmtree``) whenever it
-    saves, and a command reading one meanwhile found files missing halfway. Every file of each checkpoint
-    is hard-linked into a hidden folder beside it (``.checkpoint-<step>.pinned-…``; a copy in the system's
-    temporary folder where the run folder cannot be written or linked in): a link keeps the bytes whatever
-    becomes of the original name. The snapshots are deleted after the block. A checkpoint deleted before
-    it is pinned, or while it is checked, raises :class:`CheckpointDeletedError` ("deleted while it was
-    being read"), never "damaged". Errors raised by the checks and in the block name the original
-    folders, not the snapshots.
-    """
-    originals = [Path(c) for c in checkpoints]
-    holders: list[Path] = []
-    try:
-        pinned = []
-        for original in originals:
-            holders.append(_pin_holder(original))
-            snapshot = holders[-1] / original.name
-            linked = _pin(original, snapshot)
-            try:
-                if checkpoint_step(original) is not None or (original / TRAINER_STATE_NAME).is_file():
-                    verify_checkpoint(snapshot)
-                else:  # a model folder (a final model, another average): its weights and manifest
-                    verify_model_folder(snapshot)
-            except (CheckpointError, FileNotFoundError) as err:
-                if not original.is_dir() or (linked and _unlinked_since(snapshot)):
-                    raise CheckpointDeletedError(original) from err
-                raise
-            pinned.append(snapshot)
-        yield pinned
-    except (CheckpointError, FileNotFoundError) as err:
-        if isinstance(err, CheckpointDeletedError):
-            raise
-        message = str(err)
-        for holder, original in zip(holders, originals, strict=False):
-            message = message.replace(str(holder / original.name), str(original))
-        if message == str(err):
-            raise
-        raise type(err)(message) from err
-    finally:
-        for holder in holders:
-            shutil.rmtree(holder, ignore_errors=True)
-
-
-def _pin_holder(checkpoint: Path) -> Path:
-    """A new private folder beside ``checkpoint`` (same file system: links work), else in ``TMPDIR``."""
-    prefix = f".{checkpoint.name}.pinned-"
-    try:
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=checkpoint.parent))
-    except OSError:  # a run folder we may not write into
-        return Path(tempfile.mkdtemp(prefix=prefix))
-
-
-def _pin(checkpoint: Path, snapshot: Path) -> bool:
-    """Hard-link (else copy) every file of ``checkpoint`` into ``snapshot``; ``True`` if all were linked.
-    A file listed and gone when it is linked means the checkpoint is being deleted."""
-    linked = True
-    try:
-        entries = sorted(checkpoint.rglob("*"))
-        snapshot.mkdir()
-        for source in entries:
-            target = snapshot / source.relative_to(checkpoint)
-            if source.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(source, target)
-            except FileNotFoundError:
-                raise
-            except OSError:  # another file system, or one without hard links
-                shutil.copy2(source, target)
-                linked = False
-    except FileNotFoundError:
-        raise CheckpointDeletedError(checkpoint) from None
-    if not checkpoint.is_dir():
-        raise CheckpointDeletedError(checkpoint)
-    return linked
-
-
-def _unlinked_since(snapshot: Path) -> bool:
-    """Whether a file of the hard-linked ``snapshot`` lost its original name (only the link is left)."""
-    return any(p.is_file() and p.stat().st_nlink < 2 for p in snapshot.rglob("*"))
 
 
 class RunInUseError(OSError):
@@ -307,7 +175,7 @@ def resolve_resume_checkpoint(
             f"--resume_from_checkpoint {str(path)!r} does not exist. Give a checkpoint-<step> folder of an "
             "earlier run, or 'last' for the newest one in --output_dir."
         )
-    if not (path / "trainer_state.json").is_file():
+    if not (path / TRAINER_STATE_NAME).is_file():
         raise FileNotFoundError(
             f"--resume_from_checkpoint {str(path)!r} is not a Trainer checkpoint (no trainer_state.json). To "
             "start from saved weights without the optimizer state, use --model_name_or_path instead."

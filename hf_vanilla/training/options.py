@@ -1,7 +1,6 @@
 """The training command's own options: the model to build and the paper's training defaults, importable
-without torch or transformers so that ``hf-vanilla-train --help`` answers at once;
-:mod:`hf_vanilla.training.arguments` adds them to transformers' ``Seq2SeqTrainingArguments`` (and exports
-them under their old names)."""
+without torch or transformers;
+:mod:`hf_vanilla.training.arguments` adds them to transformers' ``Seq2SeqTrainingArguments``."""
 
 from __future__ import annotations
 

@@ -32,10 +32,13 @@ Defaults are the paper's, all overridable on the command line (``scripts/train.p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
+import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -46,7 +49,6 @@ import torch
 import transformers
 from transformers import (
     AutoConfig,
-    AutoModelForSeq2SeqLM,
     DataCollatorForSeq2Seq,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -57,31 +59,32 @@ from transformers.trainer_utils import HubStrategy
 from hf_vanilla.analysis.evaluation import evaluate_split_into, parallel_columns
 from hf_vanilla.data.batching import sequence_lengths
 from hf_vanilla.data.cache import cached_tokenization, data_fingerprint, default_cache_root
-from hf_vanilla.data.loading import DataArguments, load_from_args, pair_location
+from hf_vanilla.data.loading import load_from_args, pair_location
+from hf_vanilla.data.options import DataArguments
 from hf_vanilla.data.tokenization import (
     check_tokenizer_matches_config,
     load_or_train_tokenizer,
+    load_tokenizer,
     tokenize_translations,
 )
-from hf_vanilla.hub.card import (
-    DatasetCardArguments,
-    card_data_recorded_in,
-    dataset_card_from_args,
-    summarize_training,
-)
-from hf_vanilla.hub.push import PublishArguments, publish, push_to_hub
-from hf_vanilla.inference.decoding import DecodingOptions
+from hf_vanilla.hub.card import card_data_recorded_in, dataset_card_from_args, summarize_training
+from hf_vanilla.hub.options import DatasetCardArguments, PublishArguments
+from hf_vanilla.hub.push import publish, push_to_hub
+from hf_vanilla.inference.options import DecodingOptions
 from hf_vanilla.inference.translation import InputTooLongError, longest_input
 from hf_vanilla.io.atomic import refuse_to_replace
-from hf_vanilla.io.safe_loading import checkpoint_step, load_pretrained_checked, verify_model_folder
+from hf_vanilla.io.checked_loading import load_pretrained_checked
+from hf_vanilla.io.checkpoints import checkpoint_step, find_complete_checkpoints
+from hf_vanilla.io.safe_loading import verify_model_folder
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
 )
-from hf_vanilla.training.arguments import PaperTrainingArguments, TrainingModelArguments
+from hf_vanilla.training.arguments import PaperTrainingArguments
 from hf_vanilla.training.averaging import average_last_checkpoints
-from hf_vanilla.training.checkpoints import find_complete_checkpoints, hold_run_dir, resolve_resume_checkpoint
+from hf_vanilla.training.checkpoints import hold_run_dir, resolve_resume_checkpoint
 from hf_vanilla.training.launch_checks import check_process_group, exit_with_launcher
+from hf_vanilla.training.options import TrainingModelArguments
 from hf_vanilla.training.resilience import SaveOnSignalCallback
 from hf_vanilla.training.trainer import PaperSeq2SeqTrainer, build_compute_metrics
 
@@ -90,11 +93,15 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "HUB_FOLDER",
+    "average_run",
     "build_model",
+    "card_data",
     "check_averaging_is_possible",
+    "evaluate_model",
     "planned_checkpoints",
     "publish_run",
     "refuse_too_long_pairs",
+    "run_folder",
     "run_training",
     "setup_logging",
     "take_hub_push",
@@ -349,9 +356,11 @@ def _paper_trainer(
     tokenizer: PreTrainedTokenizerBase,
     train_set: datasets.Dataset | None,
     eval_set: datasets.Dataset | None,
+    recorded: dict[str, Any] | None = None,
 ) -> PaperSeq2SeqTrainer:
     """The trainer of ``run_training``: labels padded with -100 by the collator, BLEU/chrF from
-    generation when ``--predict_with_generate``."""
+    generation when ``--predict_with_generate``, ``recorded`` written beside the arguments in
+    ``training_args.json``."""
     return PaperSeq2SeqTrainer(
         model=model,
         args=training_args,
@@ -362,6 +371,7 @@ def _paper_trainer(
         compute_metrics=build_compute_metrics(tokenizer, training_args.bleu_tokenize)
         if training_args.predict_with_generate
         else None,
+        recorded=recorded,
     )
 
 
@@ -380,7 +390,14 @@ _NO_VALIDATION_TO_PUBLISH = (
 )
 
 
-def take_hub_push(training_args: PaperTrainingArguments, data_args: DataArguments) -> str | None:
+def card_data(card_args: DatasetCardArguments) -> dict[str, Any]:
+    """The card's data fields of ``card_args``, as ``training_args.json`` records them."""
+    return {f.name: getattr(card_args, f.name) for f in fields(DatasetCardArguments)}
+
+
+def take_hub_push(
+    training_args: PaperTrainingArguments, data_args: DataArguments, card_args: DatasetCardArguments
+) -> str | None:
     """The Hub repo that ``--push_to_hub`` asks for, checked before any work, or ``None``.
 
     The run then pushes through :func:`publish_run` (the folder and card of ``hf-vanilla-publish``), so the
@@ -394,7 +411,7 @@ def take_hub_push(training_args: PaperTrainingArguments, data_args: DataArgument
         return None
     if not training_args.hub_model_id:
         raise ValueError("--push_to_hub needs --hub_model_id (e.g. 'user/transformer-base-en-de').")
-    dataset_card_from_args(training_args)
+    dataset_card_from_args(card_args)
     if training_args.hub_strategy in (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS):
         raise ValueError(
             f"--hub_strategy {training_args.hub_strategy.value}: hf-vanilla-train pushes once, when training ends "
@@ -415,20 +432,21 @@ def take_hub_push(training_args: PaperTrainingArguments, data_args: DataArgument
 
 def publish_run(
     model_dir: str | Path,
-    tokenizer: PreTrainedTokenizerBase,
-    validation: datasets.Dataset,
     data_args: DataArguments,
     training_args: PaperTrainingArguments,
+    card_args: DatasetCardArguments,
     repo_id: str,
 ) -> Path:
-    """Score the saved model ``model_dir`` on ``validation`` as ``hf-vanilla-evaluate`` does (the paper's
+    """Score the saved model ``model_dir`` (with its tokenizer) on the validation split as
+    ``hf-vanilla-evaluate`` does (the paper's
     decoding; ``<output_dir>/validation.results.json`` and ``validation.hyp.<target_lang>``), write
     ``<output_dir>/hub`` with :func:`hf_vanilla.hub.push.publish` from those results and the run's card data,
     and push it to ``repo_id``. Returns the folder; raises :class:`~hf_vanilla.hub.push.HubPushError` (one line
     naming the command to retry; the folder and the training output are kept) when the push fails."""
     output_dir = Path(training_args.output_dir)
-    card_args = {f.name: getattr(training_args, f.name) for f in fields(DatasetCardArguments)}
     model = load_pretrained_checked(model_dir)  # the results record the fingerprint of these weights
+    tokenizer = load_tokenizer(model_dir)
+    validation = load_from_args(data_args)["validation"]
     sources, references = parallel_columns(validation, data_args.source_lang, data_args.target_lang)
     _, results_file = evaluate_split_into(
         output_dir,
@@ -440,7 +458,7 @@ def publish_run(
         source_lang=data_args.source_lang,
         target_lang=data_args.target_lang,
         model_name=str(model_dir),
-        dataset_name=dataset_card_from_args(training_args).name,
+        dataset_name=dataset_card_from_args(card_args).name,
         options=DecodingOptions(),
         batch_size=training_args.per_device_eval_batch_size,
         device=str(training_args.device),
@@ -455,7 +473,7 @@ def publish_run(
         hub_model_id=repo_id,
         overwrite=training_args.overwrite,
         training_summary=summary,
-        **card_args,
+        **card_data(card_args),
     )
     folder = publish(model, tokenizer, args, model_dir=model_dir)
     push_to_hub(
@@ -468,74 +486,75 @@ def publish_run(
     return folder
 
 
-def run_training(
-    model_args: TrainingModelArguments, data_args: DataArguments, training_args: PaperTrainingArguments
-) -> dict[str, float]:
-    """Train (or resume), save the final model, tokenizer and generation config in ``output_dir``,
-    optionally average the last checkpoints, evaluate on the validation and test splits, and with
-    ``--push_to_hub`` publish the model the scores describe (the averaged one, if any) through
-    :func:`publish_run` on the main process.
-
-    Returns all metrics (``train_*``, ``eval_*``, ``test_*``, ``averaged_eval_*``, ...). Processes a
-    launcher started that form no process group are refused first
-    (:func:`~hf_vanilla.training.launch_checks.check_process_group`), then everything
-    :func:`take_hub_push` checks. The run holds ``output_dir`` (:func:`~hf_vanilla.training.checkpoints.hold_run_dir`):
-    a second run into it while this one lives is refused with
-    :class:`~hf_vanilla.training.checkpoints.RunInUseError`. A step with a non-finite loss or gradient norm, or
-    non-finite weights at a save, stops the run with :class:`~hf_vanilla.training.resilience.NonFiniteTrainingError`
-    before anything is saved.
-    """
+@contextlib.contextmanager
+def run_folder(model_args: TrainingModelArguments, training_args: PaperTrainingArguments) -> Iterator[None]:
+    """Hold ``output_dir`` for one run: processes a launcher started that form no process group are
+    refused first (:func:`~hf_vanilla.training.launch_checks.check_process_group`), a fresh run may not
+    write into its own input model, and the main process holds a lock on the folder
+    (:func:`~hf_vanilla.training.checkpoints.hold_run_dir`) for the block: a second run into it meanwhile is
+    refused with :class:`~hf_vanilla.training.checkpoints.RunInUseError`. Nested blocks for the same folder
+    share the outer one's lock, so a command holds it over :func:`run_training` and the steps after it."""
+    held = os.path.realpath(training_args.output_dir)
+    if held in _HELD_RUN_FOLDERS:
+        yield
+        return
     exit_with_launcher()  # a worker of a torchrun agent that is killed dies with it (a node's failure)
     check_process_group(training_args)
     if training_args.resume_from_checkpoint in (None, "", "false", "False"):  # the kind, and no input in it
         refuse_to_replace(
             training_args.output_dir, True, "--output_dir", inputs=[model_args.model_name_or_path]
         )
-    # One launch per output folder: its main process holds a lock on it until the run ends.
     with hold_run_dir(training_args.output_dir, hold=training_args.process_index == 0):
-        return _run_training(model_args, data_args, training_args)
+        _HELD_RUN_FOLDERS.add(held)
+        try:
+            yield
+        finally:
+            _HELD_RUN_FOLDERS.discard(held)
 
 
-def _run_training(
-    model_args: TrainingModelArguments, data_args: DataArguments, training_args: PaperTrainingArguments
-) -> dict[str, float]:
-    resume = resolve_resume_checkpoint(
-        training_args.resume_from_checkpoint, training_args.output_dir, training_args.overwrite
-    )
-    if resume is not None:
-        logger.info("Resuming from %s", resume)
-        card_data_recorded_in(resume, training_args)  # unless given again
-    check_averaging_is_possible(training_args, resume)
-    hub_repo = take_hub_push(training_args, data_args)  # before the Trainer exists: its own push stays off
-    transformers.set_seed(training_args.seed)
+#: The ``output_dir`` folders :func:`run_folder` holds in this process.
+_HELD_RUN_FOLDERS: set[str] = set()
 
-    # The text is read only when needed: to train a tokenizer, to fill the tokenized-data cache, or to
-    # publish; a warm restart with a cached tokenization does not read it at all.
-    loaded: list[datasets.DatasetDict] = []
 
-    def load_data() -> datasets.DatasetDict:
-        if not loaded:
-            loaded.append(load_from_args(data_args))
-        return loaded[0]
+def run_training(
+    model_args: TrainingModelArguments,
+    data_args: DataArguments,
+    training_args: PaperTrainingArguments,
+    card_args: DatasetCardArguments | None = None,
+) -> Path:
+    """Train (or resume) and save the final model, tokenizer and generation config in ``output_dir``;
+    returns the folder of the model: ``output_dir``, or with ``--do_train false`` the saved model given
+    (``--model_name_or_path``), which nothing trains. Scoring, averaging and publishing are separate
+    steps (:func:`evaluate_model`, :func:`average_run`, :func:`publish_run`) that ``hf-vanilla-train``
+    composes after it.
 
-    splits = list(data_args.local_files()) or list(load_data())
-    if training_args.do_train and "train" not in splits:
-        raise ValueError(f"No training split in the data (splits: {splits}); give --train_files or --demo.")
-    if hub_repo is not None and "validation" not in splits:
-        raise ValueError(_NO_VALIDATION_TO_PUBLISH)
-    tokenizer = load_or_train_tokenizer(  # given by path, else saved with the checkpoint or model, else new
-        (model_args.tokenizer_name_or_path, resume, model_args.model_name_or_path),
-        load_data,
-        data_args,
-        model_args.tokenizer_vocab_size,
-        training_args,
-    )
-    model = build_model(model_args, tokenizer, resume)
+    ``card_args``: the training data as the model card names it (needed with ``--push_to_hub``), recorded
+    with the arguments in every ``training_args.json`` the run writes; resuming takes those recorded in the
+    checkpoint unless ``card_args`` names a dataset.
+
+    Runs inside :func:`run_folder` (its checks, and the lock on ``output_dir``), after everything
+    :func:`take_hub_push` and :func:`check_averaging_is_possible` check. A step with a non-finite loss or
+    gradient norm, or non-finite weights at a save, stops the run with
+    :class:`~hf_vanilla.training.resilience.NonFiniteTrainingError` before anything is saved.
+    """
+    with run_folder(model_args, training_args):
+        return _run_training(model_args, data_args, training_args, card_args or DatasetCardArguments())
+
+
+def _tokenized_data(
+    model_args: TrainingModelArguments,
+    data_args: DataArguments,
+    training_args: PaperTrainingArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    load_data: Callable[[], datasets.DatasetDict],
+) -> datasets.DatasetDict:
+    """The tokenized splits, from the cache of tokenized data when they are there (only the main process
+    of each node tokenizes; the others read)."""
     lengths = (model_args.max_source_length, model_args.max_target_length)
     fingerprint = data_fingerprint(
         data_args, tokenizer, *lengths, data=load_data() if data_args.dataset_name else None
     )
-    tokenized = cached_tokenization(  # only the main process of each node tokenizes; the others read
+    return cached_tokenization(
         data_args.tokenized_cache_dir or default_cache_root(),
         fingerprint,
         load_data,
@@ -550,10 +569,55 @@ def _run_training(
         ),
         training_args.main_process_first(desc="tokenizing into the cache"),
     )
+
+
+def _run_training(
+    model_args: TrainingModelArguments,
+    data_args: DataArguments,
+    training_args: PaperTrainingArguments,
+    card_args: DatasetCardArguments,
+) -> Path:
+    resume = resolve_resume_checkpoint(
+        training_args.resume_from_checkpoint, training_args.output_dir, training_args.overwrite
+    )
+    if resume is not None:
+        logger.info("Resuming from %s", resume)
+        card_data_recorded_in(resume, card_args)  # unless given again
+    check_averaging_is_possible(training_args, resume)
+    hub_repo = take_hub_push(
+        training_args, data_args, card_args
+    )  # before the Trainer exists: its own push stays off
+    transformers.set_seed(training_args.seed)
+
+    # The text is read only when needed: to train a tokenizer, to fill the tokenized-data cache, or to
+    # publish; a warm restart with a cached tokenization does not read it at all.
+    load_data = functools.cache(functools.partial(load_from_args, data_args))
+    splits = list(data_args.local_files()) or list(load_data())
+    if training_args.do_train and "train" not in splits:
+        raise ValueError(f"No training split in the data (splits: {splits}); give --train_files or --demo.")
+    if hub_repo is not None and "validation" not in splits:
+        raise ValueError(_NO_VALIDATION_TO_PUBLISH)
+    if not training_args.do_train:
+        saved = resume or model_args.model_name_or_path
+        if saved is None:
+            raise ValueError(
+                "--do_train false scores a saved model, and none was given: give it with --model_name_or_path "
+                "(nothing was done)."
+            )
+        return Path(saved)
+    tokenizer = load_or_train_tokenizer(  # given by path, else saved with the checkpoint or model, else new
+        (model_args.tokenizer_name_or_path, resume, model_args.model_name_or_path),
+        load_data,
+        data_args,
+        model_args.tokenizer_vocab_size,
+        training_args,
+    )
+    model = build_model(model_args, tokenizer, resume)
+    tokenized = _tokenized_data(model_args, data_args, training_args, tokenizer, load_data)
     refuse_too_long_pairs(model, tokenizer, tokenized, data_args)
     if hub_repo is not None and len(tokenized["validation"]) == 0:
         raise ValueError(_NO_VALIDATION_TO_PUBLISH)
-    loaded.clear()  # the text of the training split is not needed any more: free its memory
+    load_data.cache_clear()  # the text of the training split is not needed any more: free its memory
     train_set = tokenized.get("train")
     eval_set = tokenized.get("validation")
     if training_args.eval_strategy != "no" and eval_set is None:
@@ -562,37 +626,53 @@ def _run_training(
         )
     _describe(model, training_args, len(train_set) if train_set is not None else 0)
 
-    trainer = _paper_trainer(model, training_args, tokenizer, train_set, eval_set)
-    if training_args.do_train:
-        trainer.add_callback(SaveOnSignalCallback())  # SIGTERM/Ctrl-C: save the current step, exit 143/130
-    results: dict[str, float] = {}
-    if training_args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=resume)
-        trainer.save_model()  # model, tokenizer and generation config in output_dir
-        trainer.log_metrics("train", train_result.metrics)
-        trainer.save_metrics("train", train_result.metrics)
-        trainer.save_state()
-        results.update(train_result.metrics)
+    trainer = _paper_trainer(model, training_args, tokenizer, train_set, eval_set, card_data(card_args))
+    trainer.add_callback(SaveOnSignalCallback())  # SIGTERM/Ctrl-C: save the current step, exit 143/130
+    train_result = trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model()  # model, tokenizer and generation config in output_dir
+    trainer.log_metrics("train", train_result.metrics)
+    trainer.save_metrics("train", train_result.metrics)
+    trainer.save_state()
+    return Path(training_args.output_dir)
 
-    eval_splits = {name: tokenized[name] for name in ("validation", "test") if name in tokenized}
-    if training_args.do_eval:
-        results.update(_evaluate_splits(trainer, eval_splits))
 
-    scored_dir = Path(training_args.output_dir)  # the model the final scores describe
-    if training_args.average_last_n_checkpoints and training_args.do_train:
-        averaged_dir = scored_dir = Path(training_args.output_dir) / "averaged"
-        if trainer.is_world_process_zero():
-            average_last_checkpoints(  # this run's own folder: replaced when a resumed run ends again
+def evaluate_model(
+    model_dir: str | Path,
+    model_args: TrainingModelArguments,
+    data_args: DataArguments,
+    training_args: PaperTrainingArguments,
+    prefix: str = "",
+) -> dict[str, float]:
+    """Score the saved model ``model_dir`` on the validation and test splits as training evaluates
+    (``eval_loss``, and BLEU and chrF with ``--predict_with_generate``), logged and saved in ``output_dir``
+    as ``<prefix>eval_*`` and ``<prefix>test_*``; returns the metrics. The tokenizer is
+    ``--tokenizer_name_or_path``'s, else the folder's, and must match the model; the tokenized splits come
+    from the cache training filled."""
+    tokenizer_source = model_args.tokenizer_name_or_path or model_dir
+    tokenizer = load_tokenizer(tokenizer_source)
+    model = load_pretrained_checked(model_dir)
+    check_tokenizer_matches_config(
+        tokenizer, model.config, f"tokenizer {tokenizer_source}, model {model_dir}"
+    )
+    model.config.label_smoothing = model_args.label_smoothing  # eval_loss is the loss training minimises
+    load_data = functools.cache(functools.partial(load_from_args, data_args))  # read where the cache misses
+    tokenized = _tokenized_data(model_args, data_args, training_args, tokenizer, load_data)
+    splits = {name: tokenized[name] for name in ("validation", "test") if name in tokenized}
+    trainer = _paper_trainer(model, training_args, tokenizer, None, splits.get("validation"))
+    return _evaluate_splits(trainer, splits, prefix)
+
+
+def average_run(training_args: PaperTrainingArguments) -> Path:
+    """``--average_last_n_checkpoints N`` (§6.1): the last N checkpoints of ``output_dir`` averaged into
+    ``<output_dir>/averaged`` by the main process (replaced when a resumed run ends again), while the other
+    processes wait; returns that folder."""
+    averaged_dir = Path(training_args.output_dir) / "averaged"
+    with training_args.main_process_first(local=False, desc="averaging the last checkpoints"):
+        if training_args.process_index == 0:
+            average_last_checkpoints(
                 training_args.output_dir,
                 training_args.average_last_n_checkpoints,
                 averaged_dir,
                 overwrite=True,
             )
-        trainer.accelerator.wait_for_everyone()
-        averaged = AutoModelForSeq2SeqLM.from_pretrained(averaged_dir)
-        averaged_trainer = _paper_trainer(averaged, training_args, tokenizer, None, eval_set)
-        results.update(_evaluate_splits(averaged_trainer, eval_splits, prefix="averaged_"))
-
-    if hub_repo is not None and trainer.is_world_process_zero():
-        publish_run(scored_dir, tokenizer, load_data()["validation"], data_args, training_args, hub_repo)
-    return results
+    return averaged_dir

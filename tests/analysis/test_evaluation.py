@@ -23,12 +23,12 @@ from hf_vanilla.analysis.evaluation import (
     write_results,
 )
 from hf_vanilla.inference.decoding import (
-    DecodingOptions,
     generate_ids,
     gnmt_length_penalty,
     nbest_log_probs,
     paper_generation_kwargs,
 )
+from hf_vanilla.inference.options import DecodingOptions
 from hf_vanilla.inference.streaming import translate_stream
 from hf_vanilla.inference.translation import translate
 

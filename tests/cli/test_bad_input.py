@@ -38,13 +38,15 @@ from hf_vanilla.cli import run_cli
 from hf_vanilla.cli.demo import main as demo_main
 from hf_vanilla.data.loading import load_local_files, read_split_files
 from hf_vanilla.data.tokenization import tokenize_translations
-from hf_vanilla.inference.decoding import DecodingOptions, generate_ids
+from hf_vanilla.inference.decoding import generate_ids
+from hf_vanilla.inference.options import DecodingOptions
 from hf_vanilla.inference.streaming import translate_stream
 from hf_vanilla.inference.translation import translate, translate_nbest
 from hf_vanilla.io.atomic import atomic_directory, atomic_file
+from hf_vanilla.io.checkpoints import find_complete_checkpoints
 from hf_vanilla.io.checksums import weights_fingerprint
-from hf_vanilla.training.arguments import PaperTrainingArguments, TrainingModelArguments
-from hf_vanilla.training.checkpoints import find_complete_checkpoints
+from hf_vanilla.training.arguments import PaperTrainingArguments
+from hf_vanilla.training.options import TrainingModelArguments
 from hf_vanilla.training.resilience import SaveOnSignalCallback
 from hf_vanilla.training.run import build_model
 from hf_vanilla.training.trainer import PaperSeq2SeqTrainer
@@ -1760,7 +1762,7 @@ def test_a_tied_head_passes_and_the_python_api_keeps_transformers_behaviour(
 ) -> None:
     from transformers import AutoModelForSeq2SeqLM
 
-    from hf_vanilla.io.safe_loading import load_pretrained_checked
+    from hf_vanilla.io.checked_loading import load_pretrained_checked
 
     model = load_pretrained_checked(world.model)  # lm_head is tied to the shared embedding, not saved
     saved = load_file(str(world.model / "model.safetensors"))

@@ -253,7 +253,7 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_keeps_the_previous_one(
     """The disk holds one checkpoint of the tiny run (about 800 KiB) but not two: the second save fails
     in torch's writer (optimizer.pt), and the run ends in one line; checkpoint-1 stays whole."""
     from hf_vanilla.cli.train import main
-    from hf_vanilla.training.checkpoints import find_complete_checkpoints
+    from hf_vanilla.io.checkpoints import find_complete_checkpoints
 
     root = small_disk.parent
     run = small_disk / "run"
@@ -331,8 +331,8 @@ def test_a_number_that_cannot_be_honoured_is_one_line_naming_the_flag(
 def test_a_length_cap_beyond_the_model_s_bound_changes_nothing(model_dir: Path) -> None:
     """``--max_length`` above input length + 50 caps nothing: the translations are the uncapped ones, and
     generate() is not asked for room for 2^40 tokens (it would try to allocate it)."""
-    from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
-    from hf_vanilla.inference.options import DecodingOptions
+    from hf_vanilla.inference.loading import load_model_and_tokenizer
+    from hf_vanilla.inference.options import DecodingOptions, InferenceModelArguments
     from hf_vanilla.inference.translation import translate
 
     model, tokenizer = load_model_and_tokenizer(InferenceModelArguments(str(model_dir), device="cpu"))

@@ -24,8 +24,9 @@ import hf_vanilla.training.averaging as averaging
 from hf_vanilla.cli.average_checkpoints import main as average_main
 from hf_vanilla.cli.evaluate_bleu import main as evaluate_main
 from hf_vanilla.cli.publish import main as publish_main
+from hf_vanilla.io.checked_loading import load_pretrained_checked
+from hf_vanilla.io.checkpoints import checkpoint_folders
 from hf_vanilla.io.checksums import weights_fingerprint, write_checksums
-from hf_vanilla.io.safe_loading import checkpoint_folders, load_pretrained_checked
 
 
 @pytest.fixture
@@ -193,14 +194,14 @@ def test_a_checkpoint_rotated_away_between_listing_and_reading_is_refused_as_del
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = _run_folder(tmp_path)
-    real_find = averaging.find_checkpoints
+    real_find = averaging.find_complete_checkpoints
 
     def find_then_rotate(run_dir: Path) -> list[Path]:
         found = real_find(run_dir)
         shutil.rmtree(found[-2])  # what --save_total_limit does when the run saves its next checkpoint
         return found
 
-    monkeypatch.setattr(averaging, "find_checkpoints", find_then_rotate)
+    monkeypatch.setattr(averaging, "find_complete_checkpoints", find_then_rotate)
     argv = ["--run_dir", str(run), "--last_n", "2", "--output_dir", str(tmp_path / "avg")]
     assert average_main(argv) == 1
     line = _error_line(capsys)

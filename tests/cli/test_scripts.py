@@ -23,7 +23,7 @@ import torch
 from helpers import tiny_model
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from hf_vanilla.training.checkpoints import find_complete_checkpoints
+from hf_vanilla.io.checkpoints import find_complete_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -29,7 +29,7 @@ from hf_vanilla.data.batching import (
     sequence_lengths,
 )
 from hf_vanilla.training.launch_checks import end_process_group
-from hf_vanilla.training.trainer import TokenBudgetSeq2SeqTrainer, unshard_prepared_dataloader
+from hf_vanilla.training.trainer import PaperSeq2SeqTrainer, unshard_prepared_dataloader
 
 
 def random_lengths(n: int = 500, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -269,7 +269,7 @@ def test_trainer_one_process_uses_budgeted_batches(tmp_path: Path, one_thread: N
     model, tokenizer, train = _tiny_setup()
     collator = RecordingCollator(tokenizer, model)
     max_tokens = 300
-    trainer = TokenBudgetSeq2SeqTrainer(
+    trainer = PaperSeq2SeqTrainer(
         model=model,
         args=_training_args(tmp_path),
         train_dataset=train,
@@ -297,7 +297,7 @@ def test_trainer_one_process_uses_budgeted_batches(tmp_path: Path, one_thread: N
 def test_trainer_without_max_tokens_batches_by_sentence_count(tmp_path: Path, one_thread: None) -> None:
     model, tokenizer, train = _tiny_setup(24)
     collator = RecordingCollator(tokenizer, model)
-    trainer = TokenBudgetSeq2SeqTrainer(
+    trainer = PaperSeq2SeqTrainer(
         model=model,
         args=_training_args(tmp_path, num_train_epochs=1),
         train_dataset=train,
@@ -338,7 +338,7 @@ def _train_and_record(out_dir: str) -> None:
     """One rank of the 2-process run: train 2 epochs with max_tokens and record the batches it saw."""
     model, tokenizer, train = _tiny_setup(90)
     collator = RecordingCollator(tokenizer, model)
-    trainer = TokenBudgetSeq2SeqTrainer(
+    trainer = PaperSeq2SeqTrainer(
         model=model,
         args=_training_args(Path(out_dir)),
         train_dataset=train,

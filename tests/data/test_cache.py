@@ -16,7 +16,8 @@ from helpers import word_tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from hf_vanilla.data.cache import cached_tokenization, data_fingerprint, load_cached
-from hf_vanilla.data.loading import DataArguments, load_from_args
+from hf_vanilla.data.loading import load_from_args
+from hf_vanilla.data.options import DataArguments
 from hf_vanilla.data.tokenization import tokenize_translations
 
 

@@ -13,8 +13,9 @@ from helpers import fed_pipes
 from transformers import HfArgumentParser
 
 from hf_vanilla.data import loading as data
-from hf_vanilla.data.loading import DataArguments, load_from_args, load_local_files
+from hf_vanilla.data.loading import load_from_args, load_local_files
 from hf_vanilla.data.numbers import english_number, german_number, make_demo_splits, make_number_pairs
+from hf_vanilla.data.options import DataArguments
 
 SRC = ["A man rides a bike.", "Two  dogs play ", "Größe?"]
 TGT = ["Ein Mann fährt Fahrrad.", "Zwei  Hunde spielen", "Straße!"]

@@ -10,10 +10,9 @@ import pytest
 from transformers import AutoTokenizer, HfArgumentParser
 
 from hf_vanilla import VanillaTransformerConfig
-from hf_vanilla.data.loading import DataArguments
 from hf_vanilla.data.numbers import make_demo_splits
+from hf_vanilla.data.options import DataArguments, TokenizerArguments
 from hf_vanilla.data.tokenization import (
-    TokenizerArguments,
     check_tokenizer_matches_config,
     load_tokenizer,
     tokenize_translations,

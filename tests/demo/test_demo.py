@@ -15,7 +15,7 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_vanilla.cli.publish import main as publish_main
-from hf_vanilla.demo.run import DemoArguments
+from hf_vanilla.demo.options import DemoArguments
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = (

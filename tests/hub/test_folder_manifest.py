@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 
 from hf_vanilla.data.tokenization import load_tokenizer
 from hf_vanilla.hub.folder import save_for_hub, save_model_folder
-from hf_vanilla.inference.loading import load_model
 from hf_vanilla.interop.convert import convert
+from hf_vanilla.io.checked_loading import load_pretrained_checked
 from hf_vanilla.io.errors import CheckpointError
 from hf_vanilla.training.averaging import average_checkpoints
 
@@ -92,13 +92,13 @@ def test_every_written_folder_refuses_damage_in_place_but_not_edited_settings(
     _edit_json(folder / "generation_config.json", num_beams=2)  # a user's own decoding settings
     (folder / "README.md").write_text("# my model\n", encoding="utf-8")
     _edit_json(folder / "config.json", dropout=0.3, use_cache=False, max_position_embeddings=128)
-    assert load_model(folder).config.dropout == 0.3
+    assert load_pretrained_checked(folder).config.dropout == 0.3
     load_tokenizer(folder)
 
     damaged = Path(shutil.copytree(folder, tmp_path / "damaged"))
     _flip_a_bit(damaged / "model.safetensors")
     with pytest.raises(CheckpointError, match=r"model\.safetensors' is damaged: its sha256 differs"):
-        load_model(damaged)
+        load_pretrained_checked(damaged)
     _truncate_vocabulary(damaged / "tokenizer.json")
     with pytest.raises(CheckpointError, match=r"tokenizer\.json' is damaged: its sha256 differs"):
         load_tokenizer(damaged)
@@ -124,7 +124,7 @@ def test_a_config_edit_the_weights_cannot_follow_is_refused_naming_the_field(
     _edit_json(folder / "config.json", **{field: value})
     expected = f"{field} is {json.dumps(value)}, recorded {json.dumps(recorded)} in architecture.json"
     with pytest.raises(CheckpointError, match=f"config.json' contradicts the weights .*{expected}") as raised:
-        load_model(folder)
+        load_pretrained_checked(folder)
     assert "\n" not in str(raised.value)
 
 
@@ -134,7 +134,7 @@ def test_a_folder_without_a_manifest_loads_as_before(tmp_path: Path) -> None:
     tiny_model(vocab_size=len(tokenizer)).save_pretrained(tmp_path / "stock")
     tokenizer.save_pretrained(tmp_path / "stock")
     _edit_json(tmp_path / "stock" / "config.json", scale_embedding=False)
-    assert load_model(tmp_path / "stock").config.scale_embedding is False
+    assert load_pretrained_checked(tmp_path / "stock").config.scale_embedding is False
     load_tokenizer(tmp_path / "stock")
 
 
@@ -146,11 +146,11 @@ def test_a_folder_saved_over_on_purpose_says_how_to_load_it(tmp_path: Path) -> N
     with pytest.raises(
         CheckpointError, match=r"delete its checksums\.sha256 and architecture\.json"
     ) as refused:
-        load_model(folder)
+        load_pretrained_checked(folder)
     assert "model.safetensors' is damaged" in str(refused.value)
     (folder / "checksums.sha256").unlink()
     (folder / "architecture.json").unlink()
-    assert load_model(folder).config.d_model == tiny_model().config.d_model
+    assert load_pretrained_checked(folder).config.d_model == tiny_model().config.d_model
 
 
 def test_a_damaged_tensor_name_is_damage_not_a_config_edit(tmp_path: Path) -> None:
@@ -161,10 +161,10 @@ def test_a_damaged_tensor_name_is_damage_not_a_config_edit(tmp_path: Path) -> No
     state[name.replace("fc1", "fcX")] = state.pop(name)
     save_file(state, str(weights), metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=r"model\.safetensors' is damaged"):
-        load_model(folder)
+        load_pretrained_checked(folder)
     (folder / "checksums.sha256").unlink()  # no manifest: the names tell
     with pytest.raises(CheckpointError, match="holds tensor names the model does not have") as raised:
-        load_model(folder)
+        load_pretrained_checked(folder)
     assert "fcX" in str(raised.value) and "config.json" not in str(raised.value)
 
 
@@ -175,7 +175,7 @@ def test_names_a_config_would_give_the_model_are_blamed_on_the_config(change: di
     tiny_model(vocab_size=len(tokenizer), attention_bias=True).save_pretrained(tmp_path / "stock")
     _edit_json(tmp_path / "stock" / "config.json", **change)
     with pytest.raises(CheckpointError, match=r"its config\.json disagrees with its weights"):
-        load_model(tmp_path / "stock")
+        load_pretrained_checked(tmp_path / "stock")
 
 
 def test_a_ctranslate2_export_refuses_damage_in_place_but_not_edited_settings(tmp_path: Path) -> None:
@@ -220,5 +220,5 @@ def test_a_config_value_of_the_wrong_type_is_one_error_naming_config_json(
     with pytest.raises(
         CheckpointError, match=r"config\.json' does not describe a valid model \(.*d_model"
     ) as raised:
-        load_model(folder)
+        load_pretrained_checked(folder)
     assert "\n" not in str(raised.value)

@@ -18,17 +18,12 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from torch.distributed.fsdp._fully_shard import _fsdp_init
 
 from hf_vanilla.analysis.evaluation import write_results
-from hf_vanilla.hub.card import (
-    MULTI30K,
-    card_data_recorded_in,
-    dataset_card_from_args,
-    load_results,
-    render_model_card,
-)
+from hf_vanilla.hub.card import card_data_recorded_in, dataset_card_from_args, load_results, render_model_card
 from hf_vanilla.hub.folder import finish_model_folder, save_for_hub, save_model_folder
-from hf_vanilla.hub.push import HubPushError, PublishArguments, publish, push_to_hub
+from hf_vanilla.hub.options import MULTI30K, PublishArguments
+from hf_vanilla.hub.push import HubPushError, publish, push_to_hub
 from hf_vanilla.hub.record import read_training_record, write_training_record
-from hf_vanilla.inference.decoding import DecodingOptions
+from hf_vanilla.inference.options import DecodingOptions
 from hf_vanilla.io.checksums import weights_fingerprint
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import TRANSFORMERS_REQUIREMENT

@@ -13,8 +13,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from hf_vanilla.data.numbers import english_number, german_number
-from hf_vanilla.inference.decoding import DecodingOptions
-from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.inference.loading import load_model_and_tokenizer
+from hf_vanilla.inference.options import DecodingOptions, InferenceModelArguments
 from hf_vanilla.inference.translation import TargetPrefixError, translate, translate_nbest
 
 GREEDY = DecodingOptions(num_beams=1)

@@ -17,7 +17,8 @@ from torch.nn import functional as F
 from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
 
 from hf_vanilla import VanillaTransformerForConditionalGeneration
-from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.inference.loading import load_model_and_tokenizer
+from hf_vanilla.inference.options import InferenceModelArguments
 from hf_vanilla.inference.quantization import ROUTES, check_route, from_pretrained_kwargs, quantize_loaded
 from hf_vanilla.models.vanilla_transformer import fast_paths as fast_paths
 

@@ -17,8 +17,9 @@ from helpers import ROOT, tiny_model, varied_model_folder
 
 from hf_vanilla.hub.folder import save_model_folder
 from hf_vanilla.inference.ctranslate2 import CTranslate2Model
-from hf_vanilla.inference.decoding import DecodingOptions, generate_hypotheses
-from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
+from hf_vanilla.inference.decoding import generate_hypotheses
+from hf_vanilla.inference.loading import load_model_and_tokenizer
+from hf_vanilla.inference.options import DecodingOptions, InferenceModelArguments
 from hf_vanilla.inference.streaming import translate_stream
 from hf_vanilla.inference.translation import InputTooLongError, _batches, translate, translate_nbest
 

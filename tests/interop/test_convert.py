@@ -30,7 +30,8 @@ from transformers.models.fsmt.modeling_fsmt import SinusoidalPositionalEmbedding
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
 from hf_vanilla import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from hf_vanilla.interop.convert import ConversionArguments, ConversionError, convert, convert_model
+from hf_vanilla.interop.convert import ConversionError, convert, convert_model
+from hf_vanilla.interop.options import ConversionArguments
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import sinusoidal_position_encoding
 
 ROOT = Path(__file__).resolve().parents[2]

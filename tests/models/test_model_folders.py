@@ -29,9 +29,10 @@ from transformers import (
 )
 
 import hf_vanilla
-from hf_vanilla.hub.card import MULTI30K, render_model_card
+from hf_vanilla.hub.card import render_model_card
 from hf_vanilla.hub.folder import finish_model_folder, save_for_hub, save_model_folder
-from hf_vanilla.inference.decoding import DecodingOptions
+from hf_vanilla.hub.options import MULTI30K
+from hf_vanilla.inference.options import DecodingOptions
 from hf_vanilla.interop.convert import convert
 from hf_vanilla.training.arguments import PaperTrainingArguments
 from hf_vanilla.training.averaging import average_checkpoints

@@ -11,10 +11,10 @@ from helpers import tiny_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from hf_vanilla.io.checkpoints import find_complete_checkpoints
 from hf_vanilla.training.averaging import (
     average_checkpoints,
     average_last_checkpoints,
-    find_checkpoints,
     load_safetensors_state_dict,
 )
 
@@ -33,11 +33,11 @@ def _write_checkpoints(run_dir: Path, steps: list[int], tokenizer=None) -> list[
     return paths
 
 
-def test_find_checkpoints_sorts_by_step_not_lexically(tmp_path: Path) -> None:
+def test_find_complete_checkpoints_sorts_by_step_not_lexically(tmp_path: Path) -> None:
     _write_checkpoints(tmp_path, [1000, 900, 50])
     (tmp_path / "checkpoint-final").mkdir()
     (tmp_path / "runs").mkdir()
-    assert [p.name for p in find_checkpoints(tmp_path)] == [
+    assert [p.name for p in find_complete_checkpoints(tmp_path)] == [
         "checkpoint-50",
         "checkpoint-900",
         "checkpoint-1000",

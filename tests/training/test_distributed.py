@@ -38,8 +38,9 @@ from transformers import AutoModelForSeq2SeqLM
 
 from hf_vanilla import VanillaTransformerForConditionalGeneration
 from hf_vanilla.data.numbers import make_demo_splits
+from hf_vanilla.io.checkpoints import verify_checkpoint
 from hf_vanilla.io.pickles import PICKLE_SUFFIXES
-from hf_vanilla.io.safe_loading import verify_checkpoint, verify_model_folder
+from hf_vanilla.io.safe_loading import verify_model_folder
 from hf_vanilla.training.launch_checks import (
     LaunchError,
     check_fsdp_honoured,

@@ -1,6 +1,6 @@
 """Faults (hf_vanilla/io/safe_loading.py, hf_vanilla/training/resilience.py): kill and resume, damaged and malicious checkpoint files, atomic saves.
 
-In-process tests use the project's ``PaperSeq2SeqTrainer`` with :class:`ResilientTrainerMixin`; the slow
+In-process tests use the project's ``PaperSeq2SeqTrainer``; the slow
 tests launch ``scripts/train.py`` (through tests/train_driver.py) and kill it with SIGTERM, SIGINT (Ctrl-C) or SIGKILL.
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 from helpers import Outputs, _env, gloo_threads, tiny_model
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -37,29 +38,40 @@ from transformers.trainer_utils import get_last_checkpoint
 from hf_vanilla.data.loading import load_local_files
 from hf_vanilla.data.tokenization import tokenize_translations
 from hf_vanilla.io.atomic import atomic_directory, save_pretrained_atomic
+from hf_vanilla.io.checked_loading import load_pretrained_checked
+from hf_vanilla.io.checkpoints import find_complete_checkpoints, last_complete_checkpoint, verify_checkpoint
 from hf_vanilla.io.checksums import CHECKSUMS_NAME
 from hf_vanilla.io.errors import CorruptCheckpointError, UnsafeCheckpointError
 from hf_vanilla.io.pickles import pickle_globals, verify_pickle_file
-from hf_vanilla.io.safe_loading import load_pretrained_checked, verify_checkpoint, verify_model_folder
+from hf_vanilla.io.safe_loading import verify_model_folder
 from hf_vanilla.training import trainer as training
 from hf_vanilla.training.arguments import PaperTrainingArguments
 from hf_vanilla.training.checkpoints import (
     STAGING_DIR_NAME,
     StateMismatchError,
     check_optimizer_state,
-    find_complete_checkpoints,
-    last_complete_checkpoint,
 )
-from hf_vanilla.training.resilience import ResilientTrainerMixin, SaveOnSignalCallback, StoppedBySignal
+from hf_vanilla.training.resilience import SaveOnSignalCallback, StoppedBySignal
 from hf_vanilla.training.trainer import PaperSeq2SeqTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = [f"w{i}" for i in range(4, 40)]
 
 
-def test_the_project_trainer_is_the_resilient_one() -> None:
-    """The in-process tests below exercise the Trainer that scripts/train.py uses."""
-    assert issubclass(PaperSeq2SeqTrainer, ResilientTrainerMixin)
+def test_the_project_trainer_is_the_one_trainer_subclass() -> None:
+    """The in-process tests below exercise the Trainer that hf-vanilla-train uses: hf_vanilla's one
+    ``Trainer`` subclass, whose docstring names every private Trainer method it overrides."""
+    found, todo = [], [transformers.Trainer]
+    while todo:
+        todo += todo.pop().__subclasses__()
+        found += [cls for cls in todo if cls.__module__.startswith("hf_vanilla.") and cls not in found]
+    assert found == [PaperSeq2SeqTrainer]
+    private = [
+        name
+        for name in vars(PaperSeq2SeqTrainer)
+        if name.startswith("_") and not name.startswith("__") and hasattr(transformers.Seq2SeqTrainer, name)
+    ]
+    assert private and [name for name in private if f"``{name}``" not in PaperSeq2SeqTrainer.__doc__] == []
 
 
 def _dataset(tmp_path: Path, tokenizer: Any, n: int = 40) -> Any:

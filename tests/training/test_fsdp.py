@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
-from hf_vanilla.io.safe_loading import verify_checkpoint
+from hf_vanilla.io.checkpoints import verify_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "fsdp_worker.py"

@@ -6,6 +6,7 @@ import json
 import math
 import random
 import warnings
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -23,15 +24,15 @@ from transformers import (
 )
 from transformers.optimization import get_inverse_sqrt_schedule
 
+from hf_vanilla.cli.train import train_and_score
 from hf_vanilla.data.batching import TokenBudgetBatchSampler
-from hf_vanilla.data.loading import DataArguments, load_local_files
+from hf_vanilla.data.loading import load_local_files
+from hf_vanilla.data.options import DataArguments
 from hf_vanilla.data.tokenization import tokenize_translations
+from hf_vanilla.hub.options import DatasetCardArguments
 from hf_vanilla.inference.translation import InputTooLongError
-from hf_vanilla.training.arguments import (
-    PAPER_MAX_TOKENS_PER_PROCESS,
-    PaperTrainingArguments,
-    TrainingModelArguments,
-)
+from hf_vanilla.training.arguments import PaperTrainingArguments
+from hf_vanilla.training.options import PAPER_MAX_TOKENS_PER_PROCESS, TrainingModelArguments
 from hf_vanilla.training.run import run_training
 from hf_vanilla.training.schedule import PaperLRLambda, paper_learning_rate, paper_peak_learning_rate
 from hf_vanilla.training.trainer import PaperSeq2SeqTrainer, build_compute_metrics
@@ -348,11 +349,11 @@ def test_resume_from_checkpoint_continues_the_same_run(tmp_path: Path, tokenizer
         torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-6)
 
     # "last" resumes the newest checkpoint of output_dir: training to step 9 continues from step 6.
-    results = run_training(
+    folder = run_training(
         *_run_args(tmp_path, tokenizer, straight, max_steps=9, resume_from_checkpoint="last")
     )
-    assert (straight / "checkpoint-9").is_dir()
-    assert results["epoch"] > 0
+    assert folder == straight and (straight / "checkpoint-9").is_dir()
+    assert json.loads((straight / "train_results.json").read_text())["epoch"] > 0
 
 
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
@@ -431,9 +432,43 @@ def test_missing_checkpoint_and_existing_run_fail_before_any_work(tmp_path: Path
     assert [p.name for p in out.iterdir()] == ["checkpoint-3"]  # nothing overwritten
 
 
+def test_run_training_only_trains_and_returns_its_folder(tmp_path: Path, tokenizer) -> None:
+    """Scoring, averaging and publishing are the command's steps (train_and_score), not the training's."""
+    out = tmp_path / "out"
+    folder = run_training(
+        *_run_args(
+            tmp_path, tokenizer, out, max_steps=2, save_steps=1, do_eval=True, average_last_n_checkpoints=2
+        ),
+        DatasetCardArguments(dataset="multi30k"),
+    )
+    assert folder == out and (out / "model.safetensors").is_file()
+    assert not (out / "averaged").exists() and not (out / "eval_results.json").exists()
+
+
+def test_scoring_without_training_needs_a_saved_model(tmp_path: Path, tokenizer) -> None:
+    """--do_train false scores a saved model; without one there is nothing to score (not a random model)."""
+    with pytest.raises(ValueError, match="--do_train false scores a saved model, and none was given"):
+        run_training(*_run_args(tmp_path, tokenizer, tmp_path / "out", do_train=False, do_eval=True))
+
+
+def test_the_model_cards_data_is_its_own_options_recorded_with_the_training_arguments(
+    tmp_path: Path, tokenizer
+) -> None:
+    assert {f.name for f in fields(DatasetCardArguments)}.isdisjoint(
+        f.name for f in fields(PaperTrainingArguments)
+    )
+    out = tmp_path / "out"
+    run_training(
+        *_run_args(tmp_path, tokenizer, out, max_steps=1, save_steps=1),
+        DatasetCardArguments(dataset="multi30k"),
+    )
+    for recorded in (out / "training_args.json", out / "checkpoint-1" / "training_args.json"):
+        assert json.loads(recorded.read_text())["dataset"] == "multi30k"
+
+
 def test_average_last_checkpoints_at_the_end_and_evaluate_it(tmp_path: Path, tokenizer) -> None:
     out = tmp_path / "out"
-    results = run_training(
+    results = train_and_score(
         *_run_args(
             tmp_path, tokenizer, out, max_steps=6, do_eval=True, average_last_n_checkpoints=2, max_tokens=60
         )
