@@ -38,8 +38,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hf_vanilla.data.tokenization import check_tokenizer_matches_config, load_tokenizer
 from hf_vanilla.hub.folder import limit_tokenizer_length
-from hf_vanilla.interop.options import ExportArguments
-from hf_vanilla.interop.options import check_model_dir
+from hf_vanilla.interop.options import ExportArguments, check_model_dir
 from hf_vanilla.io.atomic import atomic_directory, refuse_to_replace
 from hf_vanilla.io.checked_loading import load_pretrained_checked
 from hf_vanilla.io.errors import CheckpointError
