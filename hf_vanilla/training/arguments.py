@@ -67,7 +67,8 @@ class PaperTrainingArguments(PaperRecipeArguments, DatasetCardArguments, Seq2Seq
             raise ValueError(
                 "--fp16: this run trains on the CPU (--use_cpu, or no GPU found), where accelerate has no float16 "
                 "mixed precision and would train in float32 while training_args.json says fp16; nothing was "
-                "done. Drop --fp16, or use --bf16 auto (bfloat16 where the CPU computes it natively), or train on a GPU."
+                "done. Drop --fp16, or use --bf16 auto (bfloat16 where the CPU computes it natively), or train "
+                "on a GPU."
             )
         if self.device.type == "cpu":
             # Pinned memory only speeds up copies to an accelerator; on the CPU the DataLoader warns about it.
