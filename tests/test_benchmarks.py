@@ -342,3 +342,17 @@ def test_a_row_that_does_not_fit_its_columns_is_refused() -> None:
     table = {"title": "t", "columns": ["a", "b"], "rows": [["only one"]]}
     with pytest.raises(ValueError, match="a row of 1 cells under 2 columns"):
         render_run({"meta": META, "table": table})
+
+
+@pytest.mark.slow
+def test_training_precision_times_both_modes_step_by_step(tmp_path: Path) -> None:
+    """training_precision.py times float32 and bf16-autocast training steps in back-to-back pairs, on
+    both clocks."""
+    report = _run(
+        "experiments.training_precision", tmp_path,
+        "--d_model", "16", "--layers", "1", "--heads", "2", "--ffn_dim", "32", "--vocab_size", "64",
+        "--batch_size", "4", "--steps", "2", "--warmup", "1",
+    )  # fmt: skip
+    for mode in ("fp32", "bf16"):
+        assert [len(report["ms_per_step"][mode][clock]) for clock in ("wall", "cpu", "load")] == [2, 2, 2]
+    assert all(len(report["ratio_fp32_over_bf16"][clock]) == 2 for clock in ("wall", "cpu"))

@@ -12,6 +12,7 @@ from hf_vanilla.training.options import (
     TRAINING_BOUNDS,
     PaperRecipeArguments,
 )
+from hf_vanilla.training.precision import choose_bf16, trains_on_cpu
 
 __all__ = ["PaperTrainingArguments"]
 
@@ -28,6 +29,13 @@ class PaperTrainingArguments(PaperRecipeArguments, Seq2SeqTrainingArguments):
 
     def __post_init__(self) -> None:
         refuse_out_of_bounds(self, TRAINING_BOUNDS)  # before transformers reads them
+        self.bf16 = choose_bf16(
+            self.bf16, self.use_cpu
+        )  # "auto" and the CPU check, before transformers reads it
+        if self.bf16 and trains_on_cpu(self.use_cpu):
+            self.use_cpu = (
+                True  # the run trains on the CPU anyway; transformers refuses bf16 there without it
+            )
         super().__post_init__()
         check_bleu_tokenize(self.bleu_tokenize)
         if self.label_smoothing_factor:
@@ -56,7 +64,8 @@ class PaperTrainingArguments(PaperRecipeArguments, Seq2SeqTrainingArguments):
             raise ValueError(
                 "--fp16: this run trains on the CPU (--use_cpu, or no GPU found), where accelerate has no float16 "
                 "mixed precision and would train in float32 while training_args.json says fp16; nothing was "
-                "done. Drop --fp16, or use --bf16 (which the CPU runs), or train on a GPU."
+                "done. Drop --fp16, or use --bf16 auto (bfloat16 where the CPU computes it natively), or train "
+                "on a GPU."
             )
         if self.device.type == "cpu":
             # Pinned memory only speeds up copies to an accelerator; on the CPU the DataLoader warns about it.

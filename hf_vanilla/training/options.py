@@ -261,6 +261,16 @@ class PaperRecipeArguments:
             "processes × gradient_accumulation_steps. 0 = batches of per_device_train_batch_size sentences."
         },
     )
+    bf16: str = field(
+        default="false",
+        metadata={
+            "help": "Train in bfloat16 autocast (float32 weights, gradients, optimizer state and checkpoints): "
+            "'auto' where the device computes bfloat16 natively (a CPU with AVX512-BF16, AMX or Arm BF16; a GPU "
+            "with bf16), 'true' (refused on a CPU without them), 'false' (float32). Logged when the run starts.",
+            "nargs": "?",
+            "const": "true",
+        },
+    )
     overwrite: bool = field(
         default=False,
         metadata={

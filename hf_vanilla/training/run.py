@@ -85,6 +85,7 @@ from hf_vanilla.training.averaging import average_last_checkpoints
 from hf_vanilla.training.checkpoints import hold_run_dir, resolve_resume_checkpoint
 from hf_vanilla.training.launch_checks import check_process_group, exit_with_launcher
 from hf_vanilla.training.options import TrainingModelArguments
+from hf_vanilla.training.precision import describe_precision
 from hf_vanilla.training.resilience import SaveOnSignalCallback
 from hf_vanilla.training.trainer import PaperSeq2SeqTrainer, build_compute_metrics
 
@@ -334,6 +335,10 @@ def _describe(model: torch.nn.Module, training_args: PaperTrainingArguments, tra
         f"gradients clipped at norm {training_args.max_grad_norm:g}"
         if training_args.max_grad_norm
         else "no gradient clipping",
+    )
+    logger.info(
+        "Precision: %s",
+        describe_precision(training_args.bf16, training_args.fp16, training_args.device),
     )
 
 

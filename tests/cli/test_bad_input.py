@@ -581,6 +581,12 @@ CLI_CASES: dict[str, Case] = {
     "float16 mixed precision on the CPU": Case(
         "train", _train("--fp16"), "--fp16: this run trains on the CPU", lambda w, t: _file(t)
     ),
+    "a mixed precision that is not auto, true or false": Case(
+        "train",
+        _train("--bf16", "maybe"),
+        "--bf16 maybe: expected auto, true or false",
+        lambda w, t: _file(t),
+    ),
     "no micro-batch per step": Case(
         "train",
         _train("--gradient_accumulation_steps", "0"),

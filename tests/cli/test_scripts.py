@@ -24,6 +24,7 @@ from helpers import tiny_model
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from hf_vanilla.io.checkpoints import find_complete_checkpoints
+from hf_vanilla.training.precision import cpu_bf16_instructions, describe_precision
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -142,6 +143,11 @@ def test_recipe_averages_and_evaluates_the_last_checkpoints_by_step(tmp_path: Pa
     assert recorded["averaged_checkpoints"] == last_five
     assert f"averaged: {' '.join(last_five)}" in done.stdout.splitlines()
     assert f"last checkpoint: {train / 'checkpoint-20'}" in done.stdout.splitlines()
+    # The recipe's --bf16 auto: bfloat16 autocast exactly where this CPU computes it natively, logged.
+    chosen = describe_precision(cpu_bf16_instructions() is not None, False, torch.device("cpu"))
+    assert [line for line in done.stdout.splitlines() if line.startswith("precision: ")] == [
+        f"precision: {chosen}"
+    ]
 
     def evaluated(name: str) -> str:
         results = json.loads((out / name / "validation.results.json").read_text(encoding="utf-8"))

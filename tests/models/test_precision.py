@@ -16,6 +16,7 @@ from transformers import DataCollatorForSeq2Seq
 from hf_vanilla.data.loading import load_local_files
 from hf_vanilla.data.tokenization import tokenize_translations
 from hf_vanilla.training.arguments import PaperTrainingArguments
+from hf_vanilla.training.precision import cpu_bf16_instructions
 from hf_vanilla.training.trainer import PaperSeq2SeqTrainer
 
 WORDS = [f"w{i}" for i in range(4, 40)]
@@ -62,6 +63,10 @@ def _trainer(tmp_path: Path, tokenizer: Any, model: Any, **overrides: Any) -> Pa
 # --------------------------------------------------------------------------------------------------
 # bf16 autocast training
 # --------------------------------------------------------------------------------------------------
+@pytest.mark.skipif(
+    cpu_bf16_instructions() is None,
+    reason="--bf16 is refused on a CPU without native bfloat16 instructions (AVX512-BF16, AMX or Arm BF16)",
+)
 def test_bf16_autocast_training_on_cpu_runs_and_stays_finite(tmp_path: Path, tokenizer: Any) -> None:
     model = tiny_model().train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
