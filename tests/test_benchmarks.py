@@ -338,6 +338,43 @@ def test_each_comparison_turns_its_report_into_its_table() -> None:
     ]
 
 
+def test_the_serving_table_says_when_the_machine_was_under_load() -> None:
+    """The serving comparison's ``table`` reads its run's JSON (here a small hand-made one): one row per
+    backend and setting under their columns, and the note names a load average above the CPUs."""
+    from benchmarks.serving.run import table as serving_table
+
+    arguments = {
+        "clients": 8,
+        "requests": 16,
+        "texts": 2,
+        "new_tokens": 16,
+        "d_model": 256,
+        "layers": 3,
+        "threads": 1,
+    }
+    figures = {
+        "requests_per_s": 15.4,
+        "sentences_per_s": 30.8,
+        "p50_ms": 480.0,
+        "p95_ms": 841.0,
+        "p99_ms": 850.0,
+    }
+
+    def serving(load: list[float]) -> dict:
+        rows = [{"backend": "transformers", "setting": "batched", **figures, "batches": 32, "load": load}]
+        return {"meta": META, "arguments": arguments, "rows": rows}
+
+    loaded = serving([5.5, 6.0])
+    table = serving_table(loaded)
+    assert _rendered(loaded, table) == [
+        "| backend | setting | requests/s | sentences/s | p50 ms | p95 ms | p99 ms | batches | load |",
+        "| transformers | batched | 15.4 | 30.8 | 480.0 | 841.0 | 850.0 | 32 | 5.5–6.0 |",
+    ]
+    assert "8 clients × 16 requests of 2 sentences" in table["title"]
+    assert "shared machine under load" in table["note"]
+    assert "shared machine" not in serving_table(serving([0.5, 1.0]))["note"]
+
+
 def test_a_row_that_does_not_fit_its_columns_is_refused() -> None:
     table = {"title": "t", "columns": ["a", "b"], "rows": [["only one"]]}
     with pytest.raises(ValueError, match="a row of 1 cells under 2 columns"):

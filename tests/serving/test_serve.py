@@ -306,16 +306,20 @@ def test_a_port_in_use_is_refused_in_one_line_before_loading(
 
 @pytest.mark.slow
 def test_the_load_benchmark_runs_every_setting(tmp_path: Path) -> None:
-    """benchmarks/serve_load.py at a tiny size: every backend and setting answers every request."""
-    out = tmp_path / "serve_load.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
+    """``python -m benchmarks.serving.run`` at a tiny size: every backend and setting answers every
+    request, and the report carries the suite's meta and table."""
+    out = tmp_path / "serving.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     tiny = ["--clients", "2", "--requests", "2", "--new_tokens", "3", "--d_model", "64", "--layers", "1"]
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "serve_load.py"), *tiny, "--json_out", str(out)],
+        [sys.executable, "-m", "benchmarks.serving.run", *tiny, "--json_out", str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    report = json.loads(out.read_text())
+    assert report["meta"]["command"].startswith("python -m benchmarks.serving.run --clients 2")
+    assert len(report["table"]["rows"]) == 4
+    rows = report["rows"]
     assert {(row["backend"], row["setting"]) for row in rows} == {
         (backend, setting)
         for backend in ("transformers", "ctranslate2")

@@ -9,17 +9,17 @@ exported to CTranslate2. For each backend and each batching setting, a real serv
 one after the other, and the run stops when all are answered. "batched" is the server's default
 (``--max_batch_tokens 4096 --max_wait_ms 5``); "one at a time" is ``--max_batch_tokens 1 --max_wait_ms 0``
 (each request alone). Each row: requests/s and sentences/s over the whole run, p50/p95/p99 latency of a
-request, and the batches the server formed. Results go to ``--json_out`` as JSON, and a table to stdout.
+request, the batches the server formed and the machine's load average during the setting. The table goes
+to stdout; ``--json_out`` writes the report as the suite's JSON (:mod:`benchmarks.common.results`).
 
-    python benchmarks/serve_load.py                                   # 8 clients × 8 requests, 4 settings
-    python benchmarks/serve_load.py --clients 2 --requests 2 --new_tokens 4   # plumbing check
+    python -m benchmarks.serving.run --json_out serving.json        # 8 clients × 8 requests, 4 settings
+    python -m benchmarks.serving.run --clients 2 --requests 2 --new_tokens 4   # plumbing check
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -36,6 +36,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import HfArgumentParser, PreTrainedTokenizerFast
 
+from benchmarks.common.results import metadata, render_run
 from hf_vanilla.hub.folder import save_model_folder
 from hf_vanilla.interop.export_ctranslate2 import export_ctranslate2
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig
@@ -43,7 +44,7 @@ from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORDS = 2000
 SETTINGS = {"batched": [], "one at a time": ["--max_batch_tokens", "1", "--max_wait_ms", "0"]}
 
@@ -57,7 +58,7 @@ class LoadArguments:
     d_model: int = field(default=256, metadata={"help": "Model width (heads: d_model / 64)."})
     layers: int = field(default=3, metadata={"help": "Encoder and decoder layers each."})
     threads: int = field(default=1, metadata={"help": "OMP_NUM_THREADS of the server process."})
-    json_out: str = field(default="serve_load.json", metadata={"help": "Where the JSON results go."})
+    json_out: str | None = field(default=None, metadata={"help": "Also write the report here as JSON."})
 
 
 def build_folder(args: LoadArguments, folder: Path) -> None:
@@ -119,6 +120,7 @@ def run_setting(
                 time.sleep(0.2)
         httpx.post(f"{url}/translate", json=bodies[0][0], timeout=300).raise_for_status()  # warm-up
         before = httpx.get(f"{url}/health").json()
+        load_before = os.getloadavg()[0]
         latencies: list[float] = []
         failures: list[str] = []
 
@@ -156,11 +158,59 @@ def run_setting(
         "p99_ms": round(1000 * percentile(latencies, 99), 1),
         "mean_ms": round(1000 * statistics.fmean(latencies), 1),
         "batches": after["batches"] - before["batches"],
+        "load": [round(load_before, 1), round(os.getloadavg()[0], 1)],
     }
 
 
-def main() -> None:
-    (args,) = HfArgumentParser(LoadArguments).parse_args_into_dataclasses()
+def table(report: dict[str, Any]) -> dict[str, Any]:
+    """The comparison's table for benchmarks/RESULTS.md (:mod:`benchmarks.common.results`): throughput and
+    latency of each backend and batching setting, with the load average around it."""
+    args, cpus = report["arguments"], report["meta"]["machine"]["logical_cpus"]
+    rows = [
+        [
+            row["backend"],
+            row["setting"],
+            row["requests_per_s"],
+            row["sentences_per_s"],
+            row["p50_ms"],
+            row["p95_ms"],
+            row["p99_ms"],
+            row["batches"],
+            "–".join(f"{load:.1f}" for load in row["load"]),
+        ]
+        for row in report["rows"]
+    ]
+    loaded = max(max(row["load"]) for row in report["rows"]) > cpus
+    return {
+        "title": (
+            f"hf-vanilla-serve under load: {args['clients']} clients × {args['requests']} requests of "
+            f"{args['texts']} sentences, d_model {args['d_model']}, {args['layers']} + {args['layers']} layers"
+        ),
+        "columns": [
+            "backend",
+            "setting",
+            "requests/s",
+            "sentences/s",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "batches",
+            "load",
+        ],
+        "rows": rows,
+        "note": (
+            f"A random model, greedy, {args['new_tokens']} tokens per sentence; the server on {args['threads']} "
+            f'thread(s) (`OMP_NUM_THREADS`). "batched" is the server\'s default, "one at a time" is '
+            "`--max_batch_tokens 1 --max_wait_ms 0`; latencies are per request; batches: those the server formed; "
+            f"load: the 1-minute load average before and after the setting (the run's own server and clients "
+            f"included), on {cpus} logical CPUs."
+            + (" A shared machine under load: the figures are rough." if loaded else "")
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    (args,) = HfArgumentParser(LoadArguments).parse_args_into_dataclasses(args=argv)
     generator = torch.Generator().manual_seed(1)
 
     def sentence() -> str:
@@ -184,20 +234,13 @@ def main() -> None:
                 row = {"backend": backend, "setting": setting, **run_setting(args, path, flags, bodies)}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-    result = {
-        "arguments": asdict(args),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
-        "rows": rows,
-    }
-    Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print("| backend | setting | req/s | sent/s | p50 ms | p95 ms | p99 ms | batches |")
-    print("|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        print(
-            f"| {row['backend']} | {row['setting']} | {row['requests_per_s']} | {row['sentences_per_s']} | "
-            f"{row['p50_ms']} | {row['p95_ms']} | {row['p99_ms']} | {row['batches']} |"
-        )
+    report = {"meta": metadata(argv), "arguments": asdict(args), "rows": rows}
+    report["table"] = table(report)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(render_run(report))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
