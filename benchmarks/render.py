@@ -60,6 +60,12 @@ COMPARISONS = [
         " and an FSDP smoke run; `python scripts/gpu_check.py` runs the same"
         " ([scaling.md](../docs/scaling.md#what-was-measured-and-what-is-not-verified)).",
     ),
+    Comparison(
+        "serving",
+        "Serving under load",
+        "`hf-vanilla-serve` answering N clients × M requests on loopback, batched against one request at a"
+        " time, on the transformers and the CTranslate2 backend ([serving.md](../docs/serving.md#under-load)).",
+    ),
 ]
 
 HEADER = """# Benchmark results
