@@ -46,9 +46,9 @@ from hf_vanilla.io.manifest import write_manifest
 from hf_vanilla.io.safe_loading import load_pretrained_checked
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerAttention,
-    VanillaTransformerForConditionalGeneration,
     sinusoidal_position_encoding,
 )
+from hf_vanilla.speed.modeling import VanillaTransformerForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 

@@ -75,9 +75,7 @@ from hf_vanilla.inference.translation import InputTooLongError, longest_input
 from hf_vanilla.io.atomic import refuse_to_replace
 from hf_vanilla.io.safe_loading import checkpoint_step, load_pretrained_checked, verify_model_folder
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig
-from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
-    VanillaTransformerForConditionalGeneration,
-)
+from hf_vanilla.speed.modeling import VanillaTransformerForConditionalGeneration
 from hf_vanilla.training.arguments import PaperTrainingArguments, TrainingModelArguments
 from hf_vanilla.training.averaging import average_last_checkpoints
 from hf_vanilla.training.checkpoints import find_complete_checkpoints, hold_run_dir, resolve_resume_checkpoint

@@ -19,7 +19,7 @@ from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
 from hf_vanilla import VanillaTransformerForConditionalGeneration
 from hf_vanilla.inference.loading import InferenceModelArguments, load_model_and_tokenizer
 from hf_vanilla.inference.quantization import ROUTES, check_route, from_pretrained_kwargs, quantize_loaded
-from hf_vanilla.models.vanilla_transformer import fast_paths as fast_paths
+from hf_vanilla.speed import fast_paths as fast_paths
 
 TORCHAO_ROUTES = ("torchao-int8-weight", "torchao-int8-dynamic")
 
