@@ -122,7 +122,7 @@ def _stock_linear(module: nn.Module) -> bool:
     else: its type is ``nn.Linear`` itself (not a quantized, adapted or subclassed layer), its weight is
     a plain parameter (torchao's quantization keeps the ``nn.Linear`` and swaps its weight for a tensor
     subclass that dispatches ``F.linear`` to int8 kernels), no hook is registered on it or globally, and
-    no one replaced its ``forward`` but :func:`route_linears` (accelerate's hooks do)."""
+    no one replaced its ``forward`` but :func:`route_modules` (accelerate's hooks do)."""
     forward = module.__dict__.get("forward")
     return (
         type(module) is nn.Linear

@@ -2,9 +2,8 @@
 paths of :mod:`hf_vanilla.speed.fast_paths` and the searches of :mod:`hf_vanilla.speed.search`.
 
 It computes what the folder's class computes and has its name, config and weights; ``save_pretrained``
-saves it as the folder's class. Importing this
-module registers :func:`fast_paths.sdpa_attention` as the ``"sdpa"`` entry of the model file's
-``ALL_ATTENTION_FUNCTIONS`` (transformers' ``AttentionInterface``).
+saves it as the folder's class. Importing this module registers :func:`fast_paths.sdpa_attention` as
+the ``"sdpa"`` entry of the model file's ``ALL_ATTENTION_FUNCTIONS`` (transformers' ``AttentionInterface``).
 """
 
 from __future__ import annotations
@@ -26,9 +25,8 @@ class VanillaTransformerForConditionalGeneration(
     DroppingFinishedSentencesMixin, modeling.VanillaTransformerForConditionalGeneration
 ):
     """The paper's model with the installed package's fast paths: stock linear and dropout layers enter
-    them from their ``forward``, the training loss is fused
-    with the output projection, and beam and greedy search drop finished sentences
-    over a self-attention cache that grows in place."""
+    them from their ``forward``, the training loss is fused with the output projection, and beam and
+    greedy search drop finished sentences over a self-attention cache that grows in place."""
 
     def save_pretrained(self, *args: object, **kwargs: object) -> None:
         """Saved as the folder's class (its ``save_pretrained``, files, ``auto_map`` and name), so that
