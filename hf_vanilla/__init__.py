@@ -1,7 +1,8 @@
 """hf_vanilla: the original Transformer (Vaswani et al., 2017) as a Hugging Face transformers model.
 
 Importing the package registers ``vanilla_transformer`` with ``AutoConfig``, ``AutoModel`` and
-``AutoModelForSeq2SeqLM``, and the ``vanilla-translation`` pipeline with transformers' pipeline registry:
+``AutoModelForSeq2SeqLM`` (there the model class with the installed package's speed work,
+:mod:`hf_vanilla.speed`), and the ``vanilla-translation`` pipeline with transformers' pipeline registry:
 ``pipeline("vanilla-translation", model=folder)`` then needs no ``trust_remote_code``, as ``AutoModel...``.
 
 The import itself is light (no torch, no transformers): the registration runs as soon as transformers'
@@ -52,7 +53,7 @@ _check_transformers()
 _PUBLIC = {
     "PRESETS": f"{_MODELS}.configuration_vanilla_transformer",
     "VanillaTransformerConfig": f"{_MODELS}.configuration_vanilla_transformer",
-    "VanillaTransformerForConditionalGeneration": f"{_MODELS}.modeling_vanilla_transformer",
+    "VanillaTransformerForConditionalGeneration": "hf_vanilla.speed.modeling",
     "VanillaTransformerModel": f"{_MODELS}.modeling_vanilla_transformer",
     "VanillaTransformerPreTrainedModel": f"{_MODELS}.modeling_vanilla_transformer",
     "VanillaTranslationPipeline": f"{_MODELS}.pipeline_vanilla_transformer",
@@ -91,17 +92,22 @@ def _register_config() -> None:
 
 
 def _register_models() -> None:
-    if _importing("VanillaTransformerConfig") or _importing("VanillaTransformerForConditionalGeneration"):
+    if any(
+        _importing(name)
+        for name in (
+            "VanillaTransformerConfig",
+            "VanillaTransformerModel",
+            "VanillaTransformerForConditionalGeneration",
+        )
+    ):
         return
     from transformers import AutoModel, AutoModelForSeq2SeqLM
 
     from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import (
         VanillaTransformerConfig,
     )
-    from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
-        VanillaTransformerForConditionalGeneration,
-        VanillaTransformerModel,
-    )
+    from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerModel
+    from hf_vanilla.speed.modeling import VanillaTransformerForConditionalGeneration
 
     AutoModel.register(VanillaTransformerConfig, VanillaTransformerModel, exist_ok=True)
     AutoModelForSeq2SeqLM.register(
@@ -141,6 +147,7 @@ _REGISTRATIONS: dict[str, Callable[[], None]] = {
     "transformers.pipelines": _register_pipeline,
     _PUBLIC["VanillaTransformerConfig"]: _register_config,
     _PUBLIC["VanillaTransformerForConditionalGeneration"]: _register_models,
+    _PUBLIC["VanillaTransformerModel"]: _register_models,
     _PUBLIC["VanillaTranslationPipeline"]: _register_pipeline,
 }
 

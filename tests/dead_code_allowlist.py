@@ -15,6 +15,7 @@ USED_FROM_OUTSIDE: dict[str, str] = {
     "read_parallel_text": "hf_vanilla.data.loading: benchmarks/common/workloads.py, users",
     "read_split_files": "hf_vanilla.data.loading: a split's pairs as lists, for users",
     "disabled": "fast_paths.disabled(): run the model on stock operators",
+    "__class__": "speed.modeling: saved as the folder's class (instance class swapped during save_pretrained)",
     "resize_decoder_token_embeddings": "MarianMTModel's API for separate vocabularies",
     # uvicorn calls or reads these (hf_vanilla.cli.serve's server).
     "capture_signals": "uvicorn.Server hook: the signal handlers while it serves",

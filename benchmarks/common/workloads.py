@@ -32,7 +32,9 @@ from transformers import (
 from benchmarks.common.timing import MARIAN, OURS, Row, interleave, load_average
 from benchmarks.marian.options import BenchArguments
 from hf_vanilla import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from hf_vanilla.models.vanilla_transformer import modeling_vanilla_transformer
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import sinusoidal_position_encoding
+from hf_vanilla.speed import fast_paths
 
 #: The entry point, which also runs each memory measurement in a fresh process (``--memory_child``).
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -83,14 +85,20 @@ def build_configs(size: str) -> tuple[VanillaTransformerConfig, MarianConfig]:
     return ours, marian
 
 
-def build_ours(config: VanillaTransformerConfig, seed: int) -> VanillaTransformerForConditionalGeneration:
+def build_ours(
+    config: VanillaTransformerConfig, seed: int, folder_code: bool = False
+) -> VanillaTransformerForConditionalGeneration:
     """Random weights, except that the embedding row of ``</s>`` is zero: the tied output projection
     then gives ``</s>`` a logit of exactly 0 at every step, the median of the random logits, so no
     greedy or beam hypothesis ever ends and every engine decodes exactly ``max_new_tokens`` without a
     minimum-length rule (``min_new_tokens`` adds two full-vocabulary passes per step to ``generate()``
     that real decoding does not have, and CTranslate2's ``min_decoding_length`` costs nothing)."""
     torch.manual_seed(seed)
-    model = VanillaTransformerForConditionalGeneration(config)
+    if folder_code:  # what a folder loaded without hf_vanilla runs: stock operators and search
+        fast_paths.set_enabled(False)
+        model = modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration(config)
+    else:
+        model = VanillaTransformerForConditionalGeneration(config)
     with torch.no_grad():
         model.get_input_embeddings().weight[EOS].zero_()
     return model
@@ -384,7 +392,9 @@ def memory_child(args: BenchArguments) -> None:
     baseline = _rss_bytes("VmRSS")
     ours_config, marian_config = build_configs(args.size)
     model = (
-        build_ours(ours_config, args.seed) if args.memory_child == OURS else build_marian(marian_config, None)
+        build_ours(ours_config, args.seed, args.folder_code)
+        if args.memory_child == OURS
+        else build_marian(marian_config, None)
     )
     batch = training_batch(ours_config, args)
     after_build = _rss_bytes("VmHWM")

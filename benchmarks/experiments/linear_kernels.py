@@ -1,6 +1,6 @@
 """Which kernel multiplies decoding's few rows by a weight faster on this CPU: ``F.linear`` (MKL in x86
 torch builds) or oneDNN's ``_linear_pointwise``, the linear fast path's kernel
-(``hf_vanilla.models.vanilla_transformer.fast_paths.linear``, taken on AMD CPUs only).
+(``hf_vanilla.speed.fast_paths.linear``, taken on AMD CPUs only).
 
 Part 1 times both kernels on the decoder's weight shapes (the Multi30k recipe's d_model 256 / d_ff 1024
 and transformer-base's 512 / 2048, the 8k-vocabulary output projection) at 1, 4, 32 and 128 rows,
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from benchmarks.common.timing import interleave, load_average, machine_description
 from benchmarks.real_text.run import read_lines
-from hf_vanilla.models.vanilla_transformer import fast_paths
+from hf_vanilla.speed import fast_paths
 
 #: (input, output) features of the weights a decoding step multiplies by.
 SHAPES = [

@@ -63,6 +63,13 @@ class BenchArguments:
         },
     )
     seed: int = field(default=0, metadata={"help": "Seed of the weights, the inputs and the shuffle."})
+    folder_code: bool = field(
+        default=False,
+        metadata={
+            "help": "Time hf_vanilla as a model folder loaded without hf_vanilla runs it: the folder's class, "
+            "stock operators and transformers' own search (fast paths off)."
+        },
+    )
     json_out: str | None = field(
         default=None, metadata={"help": "Also write all measurements to this JSON file."}
     )

@@ -5,7 +5,7 @@
 * ``model.safetensors``, ``config.json`` and ``generation_config.json`` (the paper's §6.1 decoding:
   beam 4, α = 0.6; the input length + 50 bound is the model's ``generate()`` default);
 * the modeling code, copied by ``register_for_auto_class`` (``modeling_vanilla_transformer.py``,
-  ``configuration_vanilla_transformer.py`` and their relative imports ``fast_paths.py``,
+  ``configuration_vanilla_transformer.py`` and their relative imports
   ``generation_vanilla_transformer.py`` and ``saving_vanilla_transformer.py``), with an ``auto_map`` for ``AutoConfig``, ``AutoModel`` and
   ``AutoModelForSeq2SeqLM`` so ``from_pretrained(..., trust_remote_code=True)`` works where hf_vanilla
   is not installed (transformers alone maps only the saved class and ``AutoConfig``; the model's

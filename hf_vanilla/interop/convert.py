@@ -50,10 +50,8 @@ from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer imp
     ACTIVATIONS,
     VanillaTransformerConfig,
 )
-from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
-    VanillaTransformerForConditionalGeneration,
-    sinusoidal_position_encoding,
-)
+from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import sinusoidal_position_encoding
+from hf_vanilla.speed.modeling import VanillaTransformerForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 

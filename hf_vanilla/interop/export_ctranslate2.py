@@ -45,9 +45,9 @@ from hf_vanilla.io.errors import CheckpointError
 from hf_vanilla.io.manifest import CTRANSLATE2_ALIGNMENT, write_manifest
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerAttention,
-    VanillaTransformerForConditionalGeneration,
     sinusoidal_position_encoding,
 )
+from hf_vanilla.speed.modeling import VanillaTransformerForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 

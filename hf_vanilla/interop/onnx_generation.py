@@ -41,6 +41,7 @@ from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer imp
 from hf_vanilla.models.vanilla_transformer.generation_vanilla_transformer import (
     VanillaTransformerGenerationMixin,
 )
+from hf_vanilla.speed.search import DroppingFinishedSentencesMixin
 
 __all__ = ["OnnxEncoder", "OnnxEncoderOutput", "OnnxVanillaTransformerForConditionalGeneration"]
 
@@ -94,7 +95,7 @@ class OnnxEncoder(nn.Module):
 
 
 class OnnxVanillaTransformerForConditionalGeneration(
-    PreTrainedModel, VanillaTransformerGenerationMixin, GenerationMixin
+    PreTrainedModel, DroppingFinishedSentencesMixin, VanillaTransformerGenerationMixin, GenerationMixin
 ):
     """The exported model behind transformers' ``generate()``: a ``PreTrainedModel`` without
     parameters whose encoder and decoder steps are ONNX Runtime sessions (see the module docstring).

@@ -77,9 +77,7 @@ from hf_vanilla.io.checked_loading import load_pretrained_checked
 from hf_vanilla.io.checkpoints import checkpoint_step, find_complete_checkpoints
 from hf_vanilla.io.safe_loading import verify_model_folder
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig
-from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
-    VanillaTransformerForConditionalGeneration,
-)
+from hf_vanilla.speed.modeling import VanillaTransformerForConditionalGeneration
 from hf_vanilla.training.arguments import PaperTrainingArguments
 from hf_vanilla.training.averaging import average_last_checkpoints
 from hf_vanilla.training.checkpoints import hold_run_dir, resolve_resume_checkpoint

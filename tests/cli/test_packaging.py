@@ -84,7 +84,7 @@ def test_wheel_holds_templates_metric_and_remote_code(wheel: zipfile.ZipFile) ->
         "hf_vanilla/hub/templates/model_card.md",
         "hf_vanilla/analysis/metrics/sacrebleu_chrf/sacrebleu_chrf.py",
         "hf_vanilla/models/vanilla_transformer/modeling_vanilla_transformer.py",
-        "hf_vanilla/models/vanilla_transformer/fast_paths.py",
+        "hf_vanilla/speed/fast_paths.py",
         "hf_vanilla/models/vanilla_transformer/generation_vanilla_transformer.py",
         "hf_vanilla/models/vanilla_transformer/saving_vanilla_transformer.py",
         "hf_vanilla/models/vanilla_transformer/pipeline_vanilla_transformer.py",

@@ -107,7 +107,6 @@ HUB_FOLDER_FILES = {
     "generation_config.json",
     "modeling_vanilla_transformer.py",
     "configuration_vanilla_transformer.py",
-    "fast_paths.py",
     "generation_vanilla_transformer.py",
     "saving_vanilla_transformer.py",
     "vocabulary_vanilla_transformer.py",
@@ -146,7 +145,7 @@ def _break_folder(folder: Path, breakage: str) -> None:
             "_fsdp_init.FSDPVanillaTransformerForConditionalGeneration"
         )
     elif breakage == "relative import":
-        (folder / "fast_paths.py").unlink()
+        (folder / "saving_vanilla_transformer.py").unlink()
     elif breakage == "class not in the file":
         (folder / "modeling_vanilla_transformer.py").write_text("class VanillaTransformerModel:\n    pass\n")
     (folder / "config.json").write_text(json.dumps(config))
@@ -159,7 +158,7 @@ def _break_folder(folder: Path, breakage: str) -> None:
             "fsdp2",
             r"maps Auto classes to code that is not hf_vanilla's \(AutoModelForSeq2SeqLM -> '_fsdp_init\.",
         ),
-        ("relative import", r"is incomplete, missing: \['fast_paths\.py'\]"),
+        ("relative import", r"is incomplete, missing: \['saving_vanilla_transformer\.py'\]"),
         (
             "class not in the file",
             r"does not define .*VanillaTransformerForConditionalGeneration in modeling_",

@@ -20,7 +20,7 @@ from hf_vanilla import VanillaTransformerForConditionalGeneration
 from hf_vanilla.inference.loading import load_model_and_tokenizer
 from hf_vanilla.inference.options import InferenceModelArguments
 from hf_vanilla.inference.quantization import ROUTES, check_route, from_pretrained_kwargs, quantize_loaded
-from hf_vanilla.models.vanilla_transformer import fast_paths as fast_paths
+from hf_vanilla.speed import fast_paths as fast_paths
 
 TORCHAO_ROUTES = ("torchao-int8-weight", "torchao-int8-dynamic")
 

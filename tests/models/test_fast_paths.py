@@ -1,4 +1,4 @@
-"""The CPU fast paths (hf_vanilla/models/vanilla_transformer/fast_paths.py): each computes what its stock fallback computes, and
+"""The CPU fast paths (hf_vanilla/speed/fast_paths.py): each computes what its stock fallback computes, and
 each is invisible to the tools users combine a model with (TorchScript, autocast, dynamic
 quantization, accelerate hooks, module hooks, torch.func, deepcopy/pickle, other dtypes, compile)."""
 
@@ -18,8 +18,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from hf_vanilla import VanillaTransformerForConditionalGeneration
-from hf_vanilla.models.vanilla_transformer import fast_paths as fast_paths
 from hf_vanilla.models.vanilla_transformer import modeling_vanilla_transformer as modeling_vanilla_transformer
+from hf_vanilla.speed import fast_paths as fast_paths
 
 
 def _ran_onednn(fn: Callable[[], object]) -> bool:
@@ -241,8 +241,8 @@ def test_training_step_through_the_fused_kernels_equals_the_plain_path(
     )
 
     lookups = []
-    embed_both = model.model._embed_both
-    monkeypatch.setattr(model.model, "_embed_both", lambda *args: lookups.append(1) or embed_both(*args))
+    embed_both = model._embed_both
+    monkeypatch.setattr(model, "_embed_both", lambda *args: lookups.append(1) or embed_both(*args))
 
     def step(**inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         model.zero_grad(set_to_none=True)

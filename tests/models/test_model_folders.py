@@ -146,7 +146,6 @@ def test_folder_of_an_fsdp2_sharded_model_names_and_holds_the_hf_vanilla_code(
     assert config["architectures"] == ["VanillaTransformerForConditionalGeneration"]
     assert sorted(path.name for path in folder.glob("*.py")) == [
         "configuration_vanilla_transformer.py",
-        "fast_paths.py",
         "generation_vanilla_transformer.py",
         "modeling_vanilla_transformer.py",
         "pipeline_vanilla_transformer.py",
@@ -181,9 +180,12 @@ def test_save_pretrained_with_push_to_hub_uploads_the_code_files(
         model.save_pretrained(tmp_path / "out", push_to_hub=True, repo_id="someone/x")
     finally:
         type(model)._auto_class = None
-    assert {"config.json", "model.safetensors", "modeling_vanilla_transformer.py", "fast_paths.py"} <= set(
-        uploaded
-    )
+    assert {
+        "config.json",
+        "model.safetensors",
+        "modeling_vanilla_transformer.py",
+        "saving_vanilla_transformer.py",
+    } <= set(uploaded)
     assert "configuration_vanilla_transformer.py" in uploaded
 
 

@@ -24,13 +24,13 @@ from hf_vanilla import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
-from hf_vanilla.models.vanilla_transformer import fast_paths
 from hf_vanilla.models.vanilla_transformer.generation_vanilla_transformer import _SourceLengthBound
 from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerDecoderLayer,
     VanillaTransformerEncoderLayer,
     sinusoidal_position_encoding,
 )
+from hf_vanilla.speed import fast_paths
 
 
 def closed_form_pe(length: int, d_model: int) -> torch.Tensor:

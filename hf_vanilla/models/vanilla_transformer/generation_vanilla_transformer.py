@@ -1,23 +1,11 @@
 # Copyright 2026 The hf_vanilla authors.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
+# SPDX-License-Identifier: Apache-2.0 (http://www.apache.org/licenses/LICENSE-2.0)
 """§6.1 decoding policy of the Transformer in :mod:`modeling_vanilla_transformer`.
 
 What ``generate()`` adds to ``GenerationMixin`` for this model, apart from the paper's architecture:
 the paper's decoding defaults (beam 4, α = 0.6), the maximum output length "input length + 50"
-applied per sentence (deviation 3 of the modeling file) and beam search that shares each sentence's
-encoder output among its hypotheses. It imports only torch and transformers: it travels with the
-modeling file into a Hub folder.
+applied per sentence (deviation 3 of the modeling file). The search is transformers' own. It imports
+only torch and transformers: it travels with the modeling file into a Hub folder.
 """
 
 from __future__ import annotations
@@ -27,13 +15,7 @@ import math
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
-from transformers.generation import logits_process, stopping_criteria
-from transformers.generation.stopping_criteria import StoppingCriteriaList
-from transformers.utils import ModelOutput
-
-from . import fast_paths
-from .fast_paths import reorder_self_attention_cache
+from transformers.cache_utils import Cache
 
 #: The paper's decoding defaults (§6.1), as generation-config keys: "we used beam search with a beam
 #: size of 4 and length penalty α = 0.6"; "we set the maximum output length during inference to input
@@ -45,17 +27,18 @@ PAPER_DECODING = {"num_beams": 4, "length_penalty": 0.6, "early_stopping": "neve
 MAX_LENGTH_OFFSET: int = PAPER_DECODING["max_length_offset"]
 
 
-def _source_lengths(inputs: torch.Tensor | None, kwargs: dict[str, object]) -> torch.Tensor | None:
-    """(B,) unpadded source lengths of a ``generate()`` call: from its ``attention_mask``, else the
-    width of the source ids or of the encoder states given instead; ``None`` when there is neither."""
-    attention_mask = kwargs.get("attention_mask")
-    if attention_mask is not None:  # (B, S) → (B,)
-        return attention_mask.sum(dim=-1)
+def _source(inputs: torch.Tensor | None, kwargs: dict[str, object]) -> torch.Tensor | None:
+    """The source of a ``generate()`` call: its ids (B, S), else the encoder states (B, S, D) given instead."""
     source = inputs if inputs is not None else kwargs.get("input_ids")
     if source is None and kwargs.get("encoder_outputs") is not None:
-        source = kwargs["encoder_outputs"][0]  # (B, S, D) encoder states given instead of the source
-    if source is None:
-        return None
+        source = kwargs["encoder_outputs"][0]
+    return source
+
+
+def _source_lengths(source: torch.Tensor | None, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B,) unpadded source lengths: from the ``attention_mask``, else the source's width; or ``None``."""
+    if attention_mask is not None or source is None:
+        return None if attention_mask is None else attention_mask.sum(dim=-1)
     return torch.full((source.shape[0],), source.shape[1], device=source.device)
 
 
@@ -105,340 +88,10 @@ class _SourceLengthBound(LogitsProcessor):
         bounded[:, self.eos_token_id] = torch.where(done, eos_scores, scores[:, self.eos_token_id])
         return bounded
 
-    def keep(self, sentences: torch.Tensor) -> None:
-        """Only these sentences (indices into the current ones) go on being decoded."""
-        self.limits = self.limits[sentences.to(self.limits.device)]
-
-
-def _one_row_per_hypothesis(cache: EncoderDecoderCache) -> None:
-    """Give the cross-attention entries of a cache that ``generate()`` returns one row per hypothesis,
-    as every transformers model returns them: during the search they hold one row per sentence,
-    shared by its hypotheses (see ``_expand_inputs_for_generation``); the returned cache is what
-    users and tools read, and a later call continues from it unchanged."""
-    self_layers, cross_layers = cache.self_attention_cache.layers, cache.cross_attention_cache.layers
-    if not (self_layers and cross_layers and self_layers[0].is_initialized):
-        return
-    rows = self_layers[0].keys.shape[0]  # sentences × hypotheses
-    for layer in cross_layers:
-        if type(layer) is DynamicLayer and layer.is_initialized and rows != layer.keys.shape[0]:
-            hypotheses = rows // layer.keys.shape[0]
-            layer.keys = layer.keys.repeat_interleave(hypotheses, dim=0)
-            layer.values = layer.values.repeat_interleave(hypotheses, dim=0)
-
-
-#: Logits processors and stopping criteria that treat every row on its own, without state that
-#: follows the row's place in the batch: beam search may drop finished sentences' rows under them.
-_ROW_WISE = (
-    _SourceLengthBound,
-    logits_process.MinLengthLogitsProcessor,
-    logits_process.MinNewTokensLengthLogitsProcessor,
-    logits_process.NoRepeatNGramLogitsProcessor,
-    logits_process.RepetitionPenaltyLogitsProcessor,
-    logits_process.NoBadWordsLogitsProcessor,
-    logits_process.ForcedBOSTokenLogitsProcessor,
-    logits_process.ForcedEOSTokenLogitsProcessor,
-    logits_process.SuppressTokensLogitsProcessor,
-    logits_process.SuppressTokensAtBeginLogitsProcessor,
-    stopping_criteria.MaxLengthCriteria,
-    stopping_criteria.MaxTimeCriteria,
-    stopping_criteria.EosTokenCriteria,
-)
-#: What ``generate()`` hands beam search in ``model_kwargs`` for this model; anything else (an input
-#: the search would have to follow row by row) keeps transformers' own loop.
-_KNOWN_KWARGS = {
-    "attention_mask",
-    "encoder_outputs",
-    "cache",
-    "use_cache",
-    "output_attentions",
-    "output_hidden_states",
-}
-
-
-def _keep(value: object, sentences: torch.Tensor, rows: torch.Tensor, active: int, beams: int) -> object:
-    """``value`` (a tensor, a model output or a tuple of them) for the kept ``sentences`` (indices into
-    the ``active`` ones): a tensor with one row per sentence keeps ``sentences``, one with a row per
-    hypothesis (``beams`` per sentence, consecutive) keeps ``rows``; anything else stays as it is."""
-    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] in (active, active * beams):
-        index = sentences if value.shape[0] == active else rows
-        return value.index_select(0, index.to(value.device))
-    if isinstance(value, ModelOutput):
-        for key in list(value.keys()):
-            value[key] = _keep(value[key], sentences, rows, active, beams)
-        return value
-    if isinstance(value, tuple):
-        return tuple(_keep(item, sentences, rows, active, beams) for item in value)
-    return value
-
-
-def _keep_cross_attention(
-    cache: EncoderDecoderCache, sentences: torch.Tensor, rows: torch.Tensor, active: int, beams: int
-) -> None:
-    """The cross-attention entries of the kept sentences (one row per sentence, shared by its
-    hypotheses, or one per hypothesis where the encoder output was given expanded)."""
-    for layer in cache.cross_attention_cache.layers:
-        if layer.is_initialized:
-            layer.keys = _keep(layer.keys, sentences, rows, active, beams)
-            layer.values = _keep(layer.values, sentences, rows, active, beams)
-
-
-def _drop_rows(
-    model_kwargs: dict[str, object],
-    logits_processor: LogitsProcessorList,
-    kept: torch.Tensor,
-    rows: torch.Tensor,
-    self_attention_index: torch.Tensor,
-    active: int,
-    beams: int,
-) -> None:
-    """Go on decoding only the ``kept`` sentences (indices into the ``active`` ones; ``rows``: their
-    hypotheses' rows): one gather both reorders the self-attention cache by ``self_attention_index``
-    (rows before dropping) and drops the others; the cross-attention entries, the encoder output, the
-    source mask and the length bound keep the kept sentences' rows."""
-    cache = model_kwargs["cache"]
-    reorder_self_attention_cache(cache.self_attention_cache, self_attention_index)
-    _keep_cross_attention(cache, kept, rows, active, beams)
-    for key in ("attention_mask", "encoder_outputs"):
-        if model_kwargs.get(key) is not None:
-            model_kwargs[key] = _keep(model_kwargs[key], kept, rows, active, beams)
-    for processor in logits_processor:
-        if isinstance(processor, _SourceLengthBound):
-            processor.keep(kept)
-
-
-def _next_token_logits(
-    model: GenerationMixin,
-    decoder_input_ids: torch.Tensor,
-    model_outputs: ModelOutput | None,
-    model_kwargs: dict[str, object],
-) -> tuple[torch.Tensor, dict[str, object]]:
-    """(rows, V) fp32 logits of the next token, from ``model_outputs`` (the prefill's) or else from one
-    cached decoder step over the last of ``decoder_input_ids`` (rows, T); and ``model_kwargs`` with the
-    step's cache. The step's inputs are what ``prepare_inputs_for_generation`` makes of the kwargs
-    :data:`_KNOWN_KWARGS` allows (the last token, the rest passed on), without its general checks."""
-    if model_outputs is None:
-        model_outputs = model(decoder_input_ids=decoder_input_ids[:, -1:], **model_kwargs, return_dict=True)
-    model_kwargs = model._update_model_kwargs_for_generation(
-        model_outputs, model_kwargs, is_encoder_decoder=True
-    )
-    # no copy (transformers copies to free the logits early: here nothing else keeps them)
-    logits = model_outputs.logits[:, -1, :].to(dtype=torch.float32, device=decoder_input_ids.device)
-    return logits, model_kwargs
-
-
-def _processed(
-    logits_processor: LogitsProcessorList, input_ids: torch.Tensor, scores: torch.Tensor
-) -> torch.Tensor:
-    """``logits_processor(input_ids, scores)`` for processors that take exactly those two arguments (the
-    :data:`_ROW_WISE` ones), without the list's signature inspection of every processor at every step."""
-    for processor in logits_processor:
-        scores = processor(input_ids, scores)
-    return scores
-
-
-def _search_over(
-    unsatisfied: torch.Tensor, is_sent_finished: torch.Tensor, early_stopping: bool | str
-) -> torch.Tensor:
-    """(B,) whether each sentence's n-best list is final: no running hypothesis can still enter it
-    (transformers' early-stop state), or with ``early_stopping=True`` all its beams have finished
-    (``_update_finished_beams`` then admits no new hypothesis)."""
-    over = ~unsatisfied[:, 0]
-    if early_stopping is True:
-        over = over | is_sent_finished.all(dim=-1)
-    return over
-
-
-def _beam_search_dropping_finished(
-    model: GenerationMixin,
-    input_ids: torch.Tensor,
-    logits_processor: LogitsProcessorList,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: GenerationConfig,
-    **model_kwargs: object,
-) -> torch.Tensor:
-    """``GenerationMixin._beam_search`` (deterministic, sequences only) that stops decoding a sentence
-    as soon as its n-best list is final: its rows leave the batch, the cache and the encoder output,
-    and its finished hypotheses wait in the output. Each step runs transformers' own helpers on the
-    sentences still open, in the same order, so every sentence gets the hypotheses transformers'
-    loop returns; the rows it drops are the ones that loop goes on computing without effect."""
-    pad_token_id = generation_config._pad_token_tensor
-    eos_token_id = generation_config._eos_token_tensor
-    early_stopping = generation_config.early_stopping
-    length_penalty = generation_config.length_penalty
-    max_length = generation_config.max_length
-    beams = generation_config.num_beams
-    device = input_ids.device
-    batch_size, cur_len = input_ids.shape[0] // beams, input_ids.shape[1]
-    decoder_prompt_len = cur_len
-    beams_to_keep = max(2, 1 + (eos_token_id.shape[0] if eos_token_id is not None else 0)) * beams
-    top_num_beam_mask = torch.arange(beams_to_keep, device=device) < beams
-
-    fill = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1
-    running_sequences = torch.full((batch_size, beams, max_length), fill, dtype=torch.int64, device=device)
-    running_sequences[:, :, :cur_len] = model._unflatten_beam_dim(input_ids, batch_size, beams)
-    sequences = running_sequences.detach().clone()
-    running_beam_scores = torch.zeros((batch_size, beams), dtype=torch.float, device=device)
-    running_beam_scores[:, 1:] = -1e9
-    beam_scores = torch.full((batch_size, beams), fill_value=-1e9, dtype=torch.float, device=device)
-    is_sent_finished = torch.zeros((batch_size, beams), dtype=torch.bool, device=device)
-    unsatisfied = torch.ones((batch_size, 1), dtype=torch.bool, device=device)
-    running_beam_indices = torch.full(
-        (batch_size, beams, max_length - cur_len), fill_value=-1, dtype=torch.int32, device=device
-    )
-    beam_indices = running_beam_indices.detach().clone()
-    # The output of every sentence, written when its search is over; `open_` maps the sentences still
-    # decoded (rows of the tensors above) to their place in the batch.
-    final_sequences, final_beam_indices = sequences.clone(), beam_indices.clone()
-    open_ = torch.arange(batch_size, device=device)
-
-    flat_running_sequences = input_ids
-    model_outputs = model._prefill(input_ids, generation_config, model_kwargs)
-    while True:
-        if model_outputs is None:
-            flat_running_sequences = model._flatten_beam_dim(running_sequences[:, :, :cur_len])
-        logits, model_kwargs = _next_token_logits(model, flat_running_sequences, model_outputs, model_kwargs)
-        model_outputs = None
-        log_probs = _processed(
-            logits_processor, flat_running_sequences, torch.nn.functional.log_softmax(logits, dim=-1)
-        )
-        active = open_.shape[0]
-        log_probs = model._unflatten_beam_dim(log_probs, active, beams) + running_beam_scores[:, :, None]
-        log_probs = torch.reshape(log_probs, (active, -1))
-
-        topk_log_probs, topk_running_sequences, topk_running_beam_indices = model._get_top_k_continuations(
-            accumulated_log_probs=log_probs,
-            running_sequences=running_sequences,
-            running_beam_indices=running_beam_indices,
-            cur_len=cur_len,
-            decoder_prompt_len=decoder_prompt_len,
-            do_sample=False,
-            beams_to_keep=beams_to_keep,
-            num_beams=beams,
-            batch_size=active,
-        )
-        hits = stopping_criteria(model._flatten_beam_dim(topk_running_sequences[:, :, : cur_len + 1]), None)
-        hits = model._unflatten_beam_dim(hits, active, beams_to_keep)
-        running_sequences, running_beam_scores, running_beam_indices = (
-            model._get_running_beams_for_next_iteration(
-                topk_log_probs=topk_log_probs,
-                topk_running_sequences=topk_running_sequences,
-                topk_running_beam_indices=topk_running_beam_indices,
-                next_token_hits_stopping_criteria=hits,
-                num_beams=beams,
-            )
-        )
-        sequences, beam_scores, beam_indices, is_sent_finished = model._update_finished_beams(
-            sequences=sequences,
-            topk_running_sequences=topk_running_sequences,
-            beam_scores=beam_scores,
-            topk_log_probs=topk_log_probs,
-            beam_indices=beam_indices,
-            topk_running_beam_indices=topk_running_beam_indices,
-            is_early_stop_heuristic_unsatisfied=unsatisfied,
-            is_sent_finished=is_sent_finished,
-            next_token_hits_stopping_criteria=hits,
-            top_num_beam_mask=top_num_beam_mask,
-            num_beams=beams,
-            cur_len=cur_len,
-            decoder_prompt_len=decoder_prompt_len,
-            length_penalty=length_penalty,
-            early_stopping=early_stopping,
-        )
-        beam_idx = model._flatten_beam_dim(running_beam_indices[..., cur_len - decoder_prompt_len])
-        cur_len = cur_len + 1
-        unsatisfied = model._check_early_stop_heuristic(
-            is_early_stop_heuristic_unsatisfied=unsatisfied,
-            running_beam_scores=running_beam_scores,
-            beam_scores=beam_scores,
-            is_sent_finished=is_sent_finished,
-            cur_len=cur_len,
-            max_length=max_length,
-            decoder_prompt_len=decoder_prompt_len,
-            early_stopping=early_stopping,
-            length_penalty=length_penalty,
-        )
-        going_on = model._beam_search_has_unfinished_sequences(
-            unsatisfied, is_sent_finished, hits, early_stopping
-        )
-        over = _search_over(unsatisfied, is_sent_finished, early_stopping)
-        if not going_on or bool(over.all()):
-            break
-        if not bool(over.any()):
-            model_kwargs["cache"] = model._reorder_cache(model_kwargs["cache"], beam_idx)
-            continue
-        # Those sentences' lists are final: write them out and go on with the others only.
-        final_sequences[open_[over]] = sequences[over]
-        final_beam_indices[open_[over]] = beam_indices[over]
-        kept = (~over).nonzero().squeeze(1)
-        rows = (kept[:, None] * beams + torch.arange(beams, device=device)).flatten()
-        state = (running_sequences, running_beam_scores, running_beam_indices, sequences, beam_scores)
-        running_sequences, running_beam_scores, running_beam_indices, sequences, beam_scores = (
-            tensor.index_select(0, kept) for tensor in state
-        )
-        beam_indices, is_sent_finished, unsatisfied = (
-            tensor.index_select(0, kept) for tensor in (beam_indices, is_sent_finished, unsatisfied)
-        )
-        # beam_idx numbers the rows before dropping; the cross-attention entries never move between
-        # sentences.
-        _drop_rows(model_kwargs, logits_processor, kept, rows, beam_idx.index_select(0, rows), active, beams)
-        open_ = open_[kept]
-
-    final_sequences[open_] = sequences
-    final_beam_indices[open_] = beam_indices
-    returned = generation_config.num_return_sequences
-    sequences = model._flatten_beam_dim(final_sequences[:, :returned, :])
-    beam_indices = model._flatten_beam_dim(final_beam_indices[:, :returned, :])
-    max_generated_length = ((beam_indices + 1).bool()).sum(dim=1).max()
-    return sequences[:, : decoder_prompt_len + max_generated_length]
-
-
-def _greedy_search_dropping_finished(
-    model: GenerationMixin,
-    input_ids: torch.Tensor,
-    logits_processor: LogitsProcessorList,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: GenerationConfig,
-    **model_kwargs: object,
-) -> torch.Tensor:
-    """``GenerationMixin._sample`` for greedy search (deterministic, sequences only) that stops decoding
-    a sentence as soon as it has ended: its row leaves the batch, the cache and the encoder output, and
-    its tokens wait in the output, followed by the padding transformers' loop writes after ``</s>``
-    while it computes that row on. The sentences still open see the same processors and criteria in
-    the same order, so every sentence gets the tokens transformers' loop returns."""
-    pad_token_id = generation_config._pad_token_tensor
-    batch_size, device = input_ids.shape[0], input_ids.device
-    open_ = torch.arange(batch_size, device=device)  # the sentences still decoded, by place in the batch
-    ended: list[tuple[torch.Tensor, torch.Tensor]] = []  # (places, tokens so far) of sentences over
-
-    model_outputs = model._prefill(input_ids, generation_config, model_kwargs)
-    while True:
-        logits, model_kwargs = _next_token_logits(model, input_ids, model_outputs, model_kwargs)
-        model_outputs = None
-        next_tokens = torch.argmax(_processed(logits_processor, input_ids, logits), dim=-1)
-        input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
-        over = stopping_criteria(input_ids, None)  # (active,)
-        if bool(over.all()):
-            break
-        if not bool(over.any()):
-            continue
-        ended.append((open_[over], input_ids[over]))
-        kept = (~over).nonzero().squeeze(1)
-        _drop_rows(model_kwargs, logits_processor, kept, kept, kept, open_.shape[0], 1)
-        input_ids, open_ = input_ids.index_select(0, kept), open_[kept]
-
-    if not ended:
-        return input_ids
-    # Sentences end apart only at </s>, and then transformers has set a padding token (</s> at worst).
-    fill = pad_token_id if pad_token_id is not None else generation_config._eos_token_tensor[0]
-    sequences = input_ids.new_full((batch_size, input_ids.shape[1]), int(fill))
-    for places, tokens in (*ended, (open_, input_ids)):
-        sequences[places, : tokens.shape[1]] = tokens
-    return sequences
-
 
 class VanillaTransformerGenerationMixin(GenerationMixin):
-    """``GenerationMixin`` with the paper's §6.1 decoding: the defaults, the per-sentence length bound
-    and beam search over one encoder output per sentence."""
+    """``GenerationMixin`` with the paper's §6.1 decoding: the defaults and the per-sentence length bound;
+    the search itself is transformers' own."""
 
     def _set_paper_generation_defaults(self) -> None:
         # PAPER_DECODING; the length penalty is applied as HF's log P / |Y|^α (the paper cites GNMT's
@@ -450,132 +103,6 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         # drops keys it does not know from a config marked as derived from the model config).
         self.generation_config._from_model_config = False
 
-    #: Beam search stops decoding each sentence once its n-best list is final, greedy search once the
-    #: sentence has ended (see ``_beam_search_dropping_finished``, ``_greedy_search_dropping_finished``);
-    #: ``False`` runs transformers' own loops, which return the same sequences and go on computing
-    #: those rows. ``HF_VANILLA_FAST_PATHS=0`` also turns it off.
-    drop_finished_sentences: bool = True
-
-    def _drops_finished_sentences(
-        self,
-        input_ids: torch.Tensor,
-        logits_processor: LogitsProcessorList,
-        stopping_criteria: StoppingCriteriaList,
-        generation_config: GenerationConfig,
-        synced_gpus: bool,
-        model_kwargs: dict[str, object],
-    ) -> bool:
-        """Whether this beam or greedy search may drop finished sentences: deterministic, returning
-        sequences only (no scores, cache or attentions), a fresh cache, only row-wise processors and
-        inputs, and the decoder's inputs built as transformers builds them (its own
-        ``prepare_inputs_for_generation``, the ids on the model's device)."""
-        cache = model_kwargs.get("cache")
-        return (
-            self.drop_finished_sentences
-            and fast_paths.enabled()
-            and type(self).prepare_inputs_for_generation is GenerationMixin.prepare_inputs_for_generation
-            and input_ids.device == self.device
-            and not (synced_gpus or generation_config.do_sample or generation_config.return_dict_in_generate)
-            and getattr(generation_config, "prefill_chunk_size", None) is None
-            and not getattr(generation_config, "is_assistant", False)
-            and bool(model_kwargs.get("use_cache"))
-            and isinstance(cache, EncoderDecoderCache)
-            and cache.get_seq_length() == 0
-            and set(model_kwargs) <= _KNOWN_KWARGS
-            and all(type(item) in _ROW_WISE for item in (*logits_processor, *stopping_criteria))
-        )
-
-    def _beam_search(
-        self,
-        input_ids: torch.Tensor,
-        logits_processor: LogitsProcessorList,
-        stopping_criteria: StoppingCriteriaList,
-        generation_config: GenerationConfig,
-        synced_gpus: bool = False,
-        **model_kwargs: object,
-    ) -> object:
-        """transformers' beam search, or the same search without the rows of sentences whose n-best
-        list is final where :meth:`_drops_finished_sentences` allows it (same sequences)."""
-        if self._drops_finished_sentences(
-            input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
-        ):
-            return _beam_search_dropping_finished(
-                self, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
-            )
-        return super()._beam_search(
-            input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
-        )
-
-    def _sample(
-        self,
-        input_ids: torch.Tensor,
-        logits_processor: LogitsProcessorList,
-        stopping_criteria: StoppingCriteriaList,
-        generation_config: GenerationConfig,
-        synced_gpus: bool = False,
-        streamer: object | None = None,
-        **model_kwargs: object,
-    ) -> object:
-        """transformers' greedy search and sampling, or greedy search without the rows of sentences
-        that have ended where :meth:`_drops_finished_sentences` allows it, nothing streams the tokens
-        and the cache is dynamic (a static one is transformers' compiled loop): same sequences."""
-        cache = model_kwargs.get("cache")
-        if (
-            streamer is None
-            and isinstance(cache, EncoderDecoderCache)
-            and type(cache.self_attention_cache) is DynamicCache
-            and self._drops_finished_sentences(
-                input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
-            )
-        ):
-            return _greedy_search_dropping_finished(
-                self, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
-            )
-        return super()._sample(
-            input_ids,
-            logits_processor,
-            stopping_criteria,
-            generation_config,
-            synced_gpus,
-            streamer,
-            **model_kwargs,
-        )
-
-    def _expand_inputs_for_generation(
-        self,
-        expand_size: int = 1,
-        is_encoder_decoder: bool = False,
-        input_ids: torch.Tensor | None = None,
-        **model_kwargs: object,
-    ) -> tuple[torch.Tensor | None, dict[str, object]]:
-        """Beam search and ``num_return_sequences`` decode ``expand_size`` hypotheses per sentence.
-        Everything is repeated per hypothesis as in ``GenerationMixin`` except the encoder output: the
-        cross-attention computes K/V once per sentence and lets its hypotheses attend to them together
-        (same function; K/V projections, cache and per-step reads ``expand_size`` times smaller)."""
-        encoder_outputs = model_kwargs.pop("encoder_outputs", None)
-        if is_encoder_decoder and encoder_outputs is None:
-            raise ValueError("Generation needs `encoder_outputs` here; run the encoder first.")
-        input_ids, model_kwargs = super()._expand_inputs_for_generation(
-            expand_size=expand_size, is_encoder_decoder=False, input_ids=input_ids, **model_kwargs
-        )
-        if encoder_outputs is not None:
-            model_kwargs["encoder_outputs"] = encoder_outputs
-        return input_ids, model_kwargs
-
-    def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
-        """Beam search: the self-attention cache follows the surviving hypotheses. The cross-attention
-        cache has one entry per sentence, shared by its hypotheses (which never move to another
-        sentence), so it is reordered only when it was built from an expanded encoder output."""
-        reorder_self_attention_cache(cache.self_attention_cache, beam_idx)
-        cross = cache.cross_attention_cache
-        if (
-            cross.layers
-            and cross.layers[0].is_initialized
-            and cross.layers[0].keys.shape[0] == beam_idx.shape[0]
-        ):
-            cross.reorder_cache(beam_idx)
-        return cache
-
     def generate(
         self,
         inputs: torch.Tensor | None = None,
@@ -586,18 +113,11 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         """``GenerationMixin.generate`` with the §6.1 bound on every call: each sentence produces at
         most its own (unpadded) source length + ``max_length_offset`` tokens, ``</s>`` included.
 
-        ``max_length_offset`` is a generation-config key (50, the paper's, in this model's config;
-        50 too when a config has none) or a keyword argument of this call. A ``max_length`` or
-        ``max_new_tokens`` set by the user (in the call or in a generation config) caps the output
-        further for the whole batch; it never lifts the per-sentence bound. A generation config's
-        ``max_length`` equal to transformers' global default (20) counts as unset:
-        ``Seq2SeqTrainer(predict_with_generate=True)`` writes that default into
-        ``model.generation_config`` (and so into the saved ``generation_config.json``). To cap at
-        exactly 20 tokens, pass ``max_length=20`` to this call or set ``max_new_tokens``.
-
-        Continuing from a returned ``cache`` with the full ``decoder_input_ids`` (as ``generate()``
-        returned them): transformers slices off the cached part only when a decoder attention mask
-        as long as the ids says so, so one is given here (without it, every id would be fed again).
+        ``max_length_offset`` (50, the paper's) is a generation-config key or a keyword argument. A
+        user's ``max_length`` or ``max_new_tokens`` caps the whole batch further, never lifting the bound;
+        a config's ``max_length`` equal to transformers' default (20, which ``Seq2SeqTrainer`` writes into
+        it) counts as unset. A continuation from a returned ``cache`` with the full ``decoder_input_ids``
+        gets a decoder attention mask as long as the ids: without one, transformers feeds every id again.
         """
         cache, decoder_input_ids = kwargs.get("cache"), kwargs.get("decoder_input_ids")
         if (
@@ -607,10 +127,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             and decoder_input_ids.shape[1] > cache.get_seq_length()
         ):
             kwargs["decoder_attention_mask"] = torch.ones_like(decoder_input_ids)
-        source = inputs if inputs is not None else kwargs.get("input_ids")
-        encoder_outputs = kwargs.get("encoder_outputs")
-        if source is None and encoder_outputs is not None:
-            source = encoder_outputs[0]  # (B, S, D) encoder states given instead of the source
+        source = _source(inputs, kwargs)
         if isinstance(source, torch.Tensor) and source.shape[0] == 0:
             raise ValueError(
                 f"generate() got an empty batch (shape {tuple(source.shape)}): give at least one sentence."
@@ -624,7 +141,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
                 f"`max_length_offset` must be a non-negative number of tokens (§6.1: {MAX_LENGTH_OFFSET}), "
                 f"got {offset!r}."
             )
-        source_lengths = _source_lengths(inputs, kwargs)
+        source_lengths = _source_lengths(source, kwargs.get("attention_mask"))
         if source_lengths is not None:
             decoder_input_ids = kwargs.get("decoder_input_ids")
             start_length = decoder_input_ids.shape[-1] if isinstance(decoder_input_ids, torch.Tensor) else 1
@@ -638,10 +155,6 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
                     kwargs["max_length"] = max_length
             bound = _SourceLengthBound(source_lengths, start_length, self.config.eos_token_id, offset)
             logits_processor = LogitsProcessorList([*(logits_processor or []), bound])
-        output = super().generate(
+        return super().generate(
             inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
         )
-        cache = getattr(output, "cache", None)  # not `past_key_values`: that alias logs a deprecation
-        if isinstance(cache, EncoderDecoderCache):
-            _one_row_per_hypothesis(cache)
-        return output

@@ -13,18 +13,11 @@
 # limitations under the License.
 """The original Transformer: Vaswani et al. (2017), "Attention Is All You Need", arXiv:1706.03762.
 
-The file follows the paper: decoder inputs and §3.5 positional encoding, §3.2.1 Eq. (1), §3.2.2
-multi-head attention, §3.3 Eq. (2), §3.1 layers and stacks with §3.4 embeddings, the model, the
-pre-softmax projection and the §5.4 loss; §6.1 decoding is in :mod:`generation_vanilla_transformer`.
-It imports only torch, transformers and its siblings (config, generation, :mod:`fast_paths`, input
-checks and resizing in :mod:`vocabulary_vanilla_transformer`, ``save_pretrained`` in
-:mod:`saving_vanilla_transformer`), so a saved folder loads with ``trust_remote_code=True`` alone.
-
-CPU speed-ups are not here: attention reaches its kernel through transformers' attention interface
-(``ALL_ATTENTION_FUNCTIONS``), the linear layers (``self.q_proj(x)``) through the ``forward`` that
-``fast_paths.FastLinearsMixin`` gives them, the rest through calls to :mod:`fast_paths`, each computing
-what its stock fallback computes, which it takes wherever it was not measured or would be visible. ``HF_VANILLA_FAST_PATHS=0`` (read at import) or
-``fast_paths.set_enabled(False)`` turns them all off.
+Order: decoder inputs (§3.1) and §3.5 positional encoding, §3.2.1 Eq. (1), §3.2.2 multi-head attention,
+§3.3 Eq. (2) and §3.1 layers, initialisation, §3.1 stacks with §3.4 embeddings and §3.2.3 masks, the
+model, §3.4 pre-softmax projection and §5.4 loss; §6.1 decoding: :mod:`generation_vanilla_transformer`.
+It imports only torch, transformers and its siblings and calls stock operators only, so a saved folder
+loads with ``trust_remote_code=True`` alone; the installed hf_vanilla adds its speed work from outside.
 
 Deviations from the paper (each a deliberate, documented choice):
 
@@ -89,10 +82,6 @@ from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .fast_paths import FastLinearsMixin, route_linears, update_self_attention_cache
-from .fast_paths import attention_interface as fast_attention_interface
-from .fast_paths import dropout as fast_dropout
-from .fast_paths import linear_cross_entropy as fast_linear_cross_entropy
 from .generation_vanilla_transformer import VanillaTransformerGenerationMixin
 from .saving_vanilla_transformer import VanillaTransformerSavingMixin
 from .vocabulary_vanilla_transformer import (
@@ -124,15 +113,9 @@ def sinusoidal_position_encoding(
 ) -> torch.Tensor:
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
-    Args:
-        positions: (..., L) integer positions.
-        layout: ``"interleaved"`` (the paper) or ``"halves"``: sines in dimensions [0, D/2), cosines
-            in [D/2, D) (deviation 6, for imported checkpoints).
-        timescales: ``"paper"`` or ``"tensor2tensor"``: 10000^(-i/(D/2 - 1)) instead of 10000^(-2i/D)
-            as the i-th frequency (deviation 6).
-    Returns:
-        (..., L, D) encodings, by default sine on even and cosine on odd dimensions (the paper's
-        layout), computed in float32 and cast to ``dtype``.
+    positions (..., L) → (..., L, D), computed in float32 and cast to ``dtype``. Deviation 6 (imported
+    checkpoints): ``layout="halves"`` puts sines in dimensions [0, D/2) and cosines in [D/2, D);
+    ``timescales="tensor2tensor"`` takes 10000^(-i/(D/2 - 1)) as the i-th frequency instead of 10000^(-2i/D).
     """
     i = torch.arange(d_model // 2, device=positions.device, dtype=torch.float32)  # (D/2,)
     denominator = d_model / 2 if timescales == "paper" else d_model / 2 - 1
@@ -191,15 +174,10 @@ def eager_attention_forward(
     dropout: float = 0.0,
     **kwargs: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """§3.2.1 Eq. (1): Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V.
-
-    Args:
-        query: (B, H, T, Dh); key, value: (B, H, K, Dh); attention_mask (B, 1, T, K) from
-            ``masking_utils``: additive (0 = attend, the dtype's minimum = masked; added in fp32, so
-            a row with nothing to attend to stays finite), boolean (True = attend: SDPA's mask, when
-            the SDPA entry hands a step to this kernel), or None = attend to every key.
-    Returns:
-        (B, T, H, Dh) output and (B, H, T, K) attention probabilities.
+    """§3.2.1 Eq. (1): Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V. query (B, H, T, Dh), key and value
+    (B, H, K, Dh) → (B, T, H, Dh) output and (B, H, T, K) probabilities. attention_mask (B, 1, T, K) from
+    ``masking_utils``: additive (0 = attend, the dtype's minimum = masked; added in fp32, so a row with
+    nothing to attend to stays finite), boolean (True = attend: SDPA's mask), or None (attend to all).
     """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, T, K)
     if attention_mask is not None and attention_mask.dtype == torch.bool:
@@ -221,21 +199,14 @@ def sdpa_or_eager_attention_forward(
     **kwargs: object,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Eq. (1) for ``attn_implementation="sdpa"``: transformers' SDPA kernel, except where the
-    attention weights are asked for (``output_attentions=True``; SDPA computes none) or where
-    :func:`fast_paths.attention_interface` picks the eager kernel (CPU decoding steps): then
+    attention weights are asked for (``output_attentions=True``; SDPA computes none): then
     :func:`eager_attention_forward`, which computes the same attention and returns its weights."""
-    if kwargs.get("output_attentions"):
-        kernel: Callable = eager_attention_forward
-    else:
-        kernel = fast_attention_interface(
-            sdpa_attention_forward, eager_attention_forward, module, query, attention_mask
-        )
+    kernel: Callable = eager_attention_forward if kwargs.get("output_attentions") else sdpa_attention_forward
     return kernel(module, query, key, value, attention_mask, **kwargs)
 
 
-#: transformers' attention functions, this model's own entry for SDPA (transformers' extension point
-#: for a model that overrides a kernel locally: its own ``AttentionInterface`` instance). The name is the
-#: one ``set_attn_implementation`` looks for in a model's source before it switches kernels at run time.
+#: transformers' attention functions with this model's own SDPA entry (its own ``AttentionInterface``,
+#: under the name ``set_attn_implementation`` looks for in a model's source).
 ALL_ATTENTION_FUNCTIONS = AttentionInterface()
 ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa_or_eager_attention_forward
 
@@ -279,43 +250,23 @@ class VanillaTransformerAttention(nn.Module):
         cache: EncoderDecoderCache | None = None,
         **kwargs: object,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states (B, T, D) → (B, T, D) and the (B, H, T, K) attention weights when the kernel
-        returns them (``output_attentions=True`` in ``kwargs``); key_value_states (B, S, D) for
-        cross-attention.
-
-        Cross-attention also accepts key_value_states with B / k rows when the decoder runs k hypotheses
-        per sentence (beam search, see ``_expand_inputs_for_generation``): the k·T queries of one
-        sentence attend to its keys together, so K/V are projected, cached and read once per sentence.
+        """Eq. (1) for each head, softmax(Q K_iᵀ / √d_k) V_i, then Concat · W^O: hidden_states (B, T, D) →
+        (B, T, D), and the (B, H, T, K) weights when the kernel returns them (``output_attentions=True``).
+        key_value_states (B, S, D) for cross-attention, or (B / k, S, D) for k hypotheses per sentence:
+        their k·T queries attend to the sentence's keys together (K/V projected and cached once).
         """
         batch, length, _ = hidden_states.shape
+        query = self.q_proj(hidden_states)  # Q W^Q for all heads: (B, T, D)
         is_cross = key_value_states is not None
-        query = self.q_proj(hidden_states)  # (B, T, D)
-
-        if is_cross and cache is not None and cache.is_updated.get(self.layer_idx):
-            # The encoder output does not change during decoding: its K/V were computed at step 1.
-            layer_cache = cache.cross_attention_cache.layers[self.layer_idx]
-            key, value = layer_cache.keys, layer_cache.values
-        else:
-            source = key_value_states if is_cross else hidden_states  # (B, K, D)
-            kv_shape = (source.shape[0], source.shape[1], self.num_heads, self.head_dim)
-            key = self.k_proj(source).view(kv_shape).transpose(1, 2)  # (B, H, K, Dh)
-            value = self.v_proj(source).view(kv_shape).transpose(1, 2)
-            if cache is not None and is_cross:
-                key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
-                cache.is_updated[self.layer_idx] = True
-            elif cache is not None:
-                key, value = update_self_attention_cache(
-                    cache.self_attention_cache, key, value, self.layer_idx
-                )
+        key, value = self._keys_and_values(key_value_states if is_cross else hidden_states, is_cross, cache)
         groups = batch // key.shape[0]  # hypotheses per sentence; 1 except in grouped cross-attention
         query = query.view(batch // groups, groups * length, self.num_heads, self.head_dim).transpose(1, 2)
-
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
         if isinstance(attention_mask, torch.Tensor) and attention_mask.device != query.device:  # pipelines
             attention_mask = attention_mask.to(query.device)
-        output, weights = attention_interface(
+        output, weights = attention_interface(  # Eq. (1) for each head: (B / k, k·T, H, Dh)
             self,
             query,
             key,
@@ -328,7 +279,26 @@ class VanillaTransformerAttention(nn.Module):
         output = output.reshape(batch, length, -1)  # Concat(head_1, …, head_h): (B, T, D)
         if weights is not None and groups > 1:  # (B/k, H, k·T, K) → (B, H, T, K)
             weights = weights.unflatten(2, (groups, length)).transpose(1, 2).flatten(0, 1)
-        return self.out_proj(output), weights
+        return self.out_proj(output), weights  # · W^O
+
+    def _keys_and_values(
+        self, source: torch.Tensor, is_cross: bool, cache: EncoderDecoderCache | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K W^K and V W^V for all heads, (B, K, D) → (B, H, K, Dh), with the cache: the decoder's self-attention
+        appends this step's keys and values (``cache.update``); cross-attention projects the encoder
+        output once, at the first step, and reads it back afterwards."""
+        if is_cross and cache is not None and cache.is_updated.get(self.layer_idx):
+            layer_cache = cache.cross_attention_cache.layers[self.layer_idx]
+            return layer_cache.keys, layer_cache.values
+        kv_shape = (source.shape[0], source.shape[1], self.num_heads, self.head_dim)
+        key = self.k_proj(source).view(kv_shape).transpose(1, 2)  # (B, H, K, Dh)
+        value = self.v_proj(source).view(kv_shape).transpose(1, 2)
+        if cache is not None and is_cross:
+            cache.is_updated[self.layer_idx] = True
+            return cache.cross_attention_cache.update(key, value, self.layer_idx)
+        if cache is not None:
+            return cache.self_attention_cache.update(key, value, self.layer_idx)
+        return key, value
 
 
 # --------------------------------------------------------------------------------------------------
@@ -338,20 +308,20 @@ class _PostLNSublayers(GradientCheckpointingLayer):
     """What the encoder and decoder layers share: the residual connection around each sub-layer with
     post-LN, and the §3.3 feed-forward network."""
 
-    dropout: float
-    activation_dropout: float
+    dropout: nn.Dropout
+    activation_dropout: nn.Dropout
 
     def _add_and_norm(
         self, residual: torch.Tensor, sublayer_output: torch.Tensor, norm: nn.LayerNorm
     ) -> torch.Tensor:
         """§3.1 and §5.4: LayerNorm(x + Dropout(Sublayer(x))), the normalisation after the add."""
-        return norm(residual + fast_dropout(sublayer_output, self.dropout, self.training))
+        return norm(residual + self.dropout(sublayer_output))
 
     def _ff_block(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """§3.3 Eq. (2): FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (``fc1``, ``fc2``), (…, D) → (…, D)
         through (…, F). ``activation_dropout`` (0 in the paper) is for imported checkpoints."""
         hidden_states = self.activation_fn(self.fc1(hidden_states))  # (…, F)
-        hidden_states = fast_dropout(hidden_states, self.activation_dropout, self.training)
+        hidden_states = self.activation_dropout(hidden_states)
         return self.fc2(hidden_states)
 
 
@@ -367,8 +337,8 @@ class VanillaTransformerEncoderLayer(_PostLNSublayers):
         self.fc2 = nn.Linear(config.encoder_ffn_dim, config.d_model)
         self.final_layer_norm = nn.LayerNorm(config.d_model)
         self.activation_fn = ACT2FN[config.activation_function]
-        self.dropout = config.dropout
-        self.activation_dropout = config.activation_dropout
+        self.dropout = nn.Dropout(config.dropout)
+        self.activation_dropout = nn.Dropout(config.activation_dropout)
 
     def forward(
         self,
@@ -400,8 +370,8 @@ class VanillaTransformerDecoderLayer(_PostLNSublayers):
         self.fc2 = nn.Linear(config.decoder_ffn_dim, config.d_model)
         self.final_layer_norm = nn.LayerNorm(config.d_model)
         self.activation_fn = ACT2FN[config.activation_function]
-        self.dropout = config.dropout
-        self.activation_dropout = config.activation_dropout
+        self.dropout = nn.Dropout(config.dropout)
+        self.activation_dropout = nn.Dropout(config.activation_dropout)
 
     def forward(
         self,
@@ -432,7 +402,7 @@ class VanillaTransformerDecoderLayer(_PostLNSublayers):
 # --------------------------------------------------------------------------------------------------
 # The pre-trained model base: initialisation (deviation 1) and HF capabilities
 # --------------------------------------------------------------------------------------------------
-class VanillaTransformerPreTrainedModel(VanillaTransformerSavingMixin, FastLinearsMixin, PreTrainedModel):
+class VanillaTransformerPreTrainedModel(VanillaTransformerSavingMixin, PreTrainedModel):
     """Weight initialisation and the capabilities declared to transformers."""
 
     config_class = VanillaTransformerConfig
@@ -473,11 +443,8 @@ class VanillaTransformerPreTrainedModel(VanillaTransformerSavingMixin, FastLinea
 # --------------------------------------------------------------------------------------------------
 class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
     """§3.1 encoder: N identical layers over Dropout(√d_model · Embedding(x) + PE) (§3.4, §3.5, §5.4).
-    There is no final LayerNorm: the last layer's post-LN output is the encoder output.
-
-    ``output_hidden_states`` / ``output_attentions`` are recorded by transformers' output-capturing
-    hooks (``_can_record_outputs``), as in its own models: each layer's output, the embedding output
-    first, and each self-attention's weights."""
+    There is no final LayerNorm: the last layer's post-LN output is the encoder output. Hidden states
+    (the embedding output first) and attention weights are recorded by ``_can_record_outputs``."""
 
     _can_record_outputs = {
         "hidden_states": VanillaTransformerEncoderLayer,
@@ -493,7 +460,7 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         self.layers = nn.ModuleList(
             [VanillaTransformerEncoderLayer(config) for _ in range(config.encoder_layers)]
         )
-        self.dropout = config.dropout
+        self.dropout = nn.Dropout(config.dropout)
         self.post_init()
 
     @capture_outputs
@@ -514,7 +481,7 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         hidden_states = hidden_states + self.embed_positions(
             hidden_states.shape[1], 0, hidden_states.device, hidden_states.dtype
         )
-        hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
+        hidden_states = self.dropout(hidden_states)
         mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)  # §3.2.3: padding
         kwargs.setdefault("output_attentions", self.config.output_attentions)  # read by the kernel
         for layer in self.layers:
@@ -524,10 +491,8 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
 
 class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
     """§3.1 decoder: N identical layers over Dropout(√d_model · Embedding(y) + PE), with the
-    self-attention masked so that position i sees only positions ≤ i. No final LayerNorm.
-
-    Hidden states, self-attention and cross-attention weights are recorded by transformers'
-    output-capturing hooks, as for the encoder."""
+    self-attention masked so that position i sees only positions ≤ i. No final LayerNorm. Hidden states
+    and self- and cross-attention weights are recorded by ``_can_record_outputs``."""
 
     _can_record_outputs = {
         "hidden_states": VanillaTransformerDecoderLayer,
@@ -544,7 +509,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         self.layers = nn.ModuleList(
             [VanillaTransformerDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)]
         )
-        self.dropout = config.dropout
+        self.dropout = nn.Dropout(config.dropout)
         self.post_init()
 
     @capture_outputs
@@ -580,7 +545,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         hidden_states = hidden_states + self.embed_positions(
             length, past_length, hidden_states.device, hidden_states.dtype
         )
-        hidden_states = fast_dropout(hidden_states, self.dropout, self.training)
+        hidden_states = self.dropout(hidden_states)
 
         kwargs.setdefault("output_attentions", self.config.output_attentions)  # read by the kernel
         self_mask = create_causal_mask(  # §3.2.3: "masking out ... illegal connections", and padding
@@ -681,10 +646,8 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs: object,
     ) -> Seq2SeqModelOutput:
-        """Source (B, S) and decoder inputs (B, T) → decoder output (B, T, D). The old name of
-        ``cache``, ``past_key_values``, still works and gives transformers' deprecation warning. Other
-        keywords (``output_attentions``, ``output_hidden_states``) go on to the encoder and the decoder, whose
-        output capturing reads them, as in ``MarianModel``."""
+        """Source (B, S) and decoder inputs (B, T) → decoder output (B, T, D). Other keywords
+        (``output_attentions``, ...) go on to the encoder and the decoder, as in ``MarianModel``."""
         if cache is not None and not isinstance(cache, EncoderDecoderCache):
             raise TypeError(
                 f"`cache` must be an EncoderDecoderCache (self- and cross-attention), got {type(cache).__name__}."
@@ -695,15 +658,6 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
                 "Give `decoder_input_ids` (or `labels` to VanillaTransformerForConditionalGeneration, which "
                 "shifts them right to build the decoder inputs)."
             )
-        if (
-            encoder_outputs is None
-            and input_ids is not None
-            and decoder_input_ids is not None
-            and torch.is_grad_enabled()
-            and self.encoder.embed_tokens is self.decoder.embed_tokens
-        ):
-            inputs_embeds, decoder_inputs_embeds = self._embed_both(input_ids, decoder_input_ids)
-            input_ids = decoder_input_ids = None
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
@@ -737,19 +691,6 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
         )
-
-    def _embed_both(
-        self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Source (B, S) and decoder (B, T) ids → their (B, S, D) and (B, T, D) rows of the shared
-        matrix, looked up in one call, so that in training the embeddings give the shared matrix one
-        (V, D) gradient instead of two (then added). Same values and gradients as two lookups."""
-        embed_tokens = self.encoder.embed_tokens  # the decoder's too
-        check_token_ids(input_ids, embed_tokens.num_embeddings, "input_ids")
-        check_token_ids(decoder_input_ids, embed_tokens.num_embeddings, "decoder_input_ids")
-        both = embed_tokens(torch.cat([input_ids.reshape(-1), decoder_input_ids.reshape(-1)]))
-        source, target = both.split([input_ids.numel(), decoder_input_ids.numel()])
-        return source.view(*input_ids.shape, -1), target.view(*decoder_input_ids.shape, -1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -801,7 +742,6 @@ class VanillaTransformerForConditionalGeneration(
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
-        route_linears(new_embeddings)  # a stock nn.Linear gets the CPU fast path, as at construction
 
     def get_encoder(self, modality: str | None = None) -> VanillaTransformerEncoder:
         return self.model.encoder
@@ -832,12 +772,10 @@ class VanillaTransformerForConditionalGeneration(
     ) -> Seq2SeqLMOutput:
         """Logits (B, T, V) over the shared vocabulary; with ``labels`` (B, T) also the loss.
 
-        ``labels`` are the target tokens as they are (-100 = ignored); the decoder inputs are built by
-        shifting them right, the labels themselves are not shifted again. The loss is the sum of the
-        (label-smoothed) token cross-entropies divided by ``num_items_in_batch`` when the Trainer
-        passes it (gradient accumulation, several processes), else by this batch's label count.
-        ``past_key_values``, the old name of ``cache``, still works and gives transformers' deprecation
-        warning; the output carries the cache as ``cache`` (``past_key_values`` is its deprecated alias).
+        ``labels`` (-100 = ignored) are shifted right into the decoder inputs, not shifted again for the
+        loss: the summed (label-smoothed) token cross-entropies divided by ``num_items_in_batch`` when the
+        Trainer passes it, else by this batch's label count. ``past_key_values`` (the old name of
+        ``cache``) still works, with transformers' deprecation warning.
         """
         if labels is not None:
             if readable(labels):
@@ -858,28 +796,10 @@ class VanillaTransformerForConditionalGeneration(
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state  # (B, T, D)
-        # CODEPATH: OPUS-MT (Marian) models carry a fixed logits bias; the paper's model and FSMT do not.
-        bias = self.final_logits_bias if self.config.final_logits_bias else None  # (1, V)
-        loss = total = None
         if labels is not None:
             labels = labels.to(hidden_states.device)
-            fused = fast_linear_cross_entropy(
-                self.lm_head,
-                hidden_states,
-                None if bias is None else bias.view(-1),
-                labels,
-                self.config.label_smoothing,
-            )
-            if fused is not None:
-                total, logits = fused  # logits (B, T, V)
-        if total is None:
-            logits = self.lm_head(hidden_states)  # (B, T, V): §3.4 the pre-softmax projection
-            if bias is not None:
-                logits = logits + bias
-            if labels is not None:
-                total = smoothed_cross_entropy_sum(logits, labels, self.config.label_smoothing)
-        if total is not None:
-            loss = self._per_token(total, labels, num_items_in_batch)
+        logits, total = self._logits_and_loss(hidden_states, labels)
+        loss = None if total is None else self._per_token(total, labels, num_items_in_batch)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -891,6 +811,19 @@ class VanillaTransformerForConditionalGeneration(
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
         )
+
+    def _logits_and_loss(
+        self, hidden_states: torch.Tensor, labels: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, T, V) logits of the decoder output (B, T, D), §3.4 the pre-softmax projection, and with
+        ``labels`` the summed §5.4 loss (else None)."""
+        logits = self.lm_head(hidden_states)
+        # CODEPATH: OPUS-MT (Marian) models carry a fixed logits bias; the paper's model and FSMT do not.
+        if self.config.final_logits_bias:
+            logits = logits + self.final_logits_bias  # (1, V)
+        if labels is None:
+            return logits, None
+        return logits, smoothed_cross_entropy_sum(logits, labels, self.config.label_smoothing)
 
     @staticmethod
     def _per_token(

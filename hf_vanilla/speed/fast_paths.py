@@ -11,46 +11,41 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""CPU fast paths for the paper model in :mod:`modeling_vanilla_transformer`.
+"""CPU fast paths of the installed package for the model of :mod:`modeling_vanilla_transformer`.
 
 Each fast path computes exactly what its plain-PyTorch fallback computes (to floating-point
-rounding), only faster on the CPU; none of them is part of the paper, and none is a deviation from
-it. :func:`linear` is each ``nn.Linear``'s own ``forward`` (:func:`route_linears`, run once when a
-model is built, by :class:`FastLinearsMixin`), so the layers call ``self.q_proj(x)``; the modeling
-file calls each other one in place of a stock operation, the way fairseq's layers call
-``self.dropout_module(x)``:
+rounding), only faster on the CPU; none of them is part of the paper, and none travels into a model
+folder: a folder loaded without hf_vanilla runs the stock operators. hf_vanilla's model class
+(:mod:`hf_vanilla.speed.modeling`) enters them through transformers' and torch's extension points:
 
-============================  ==============================================  =======================
-fast path                     plain fallback                                  what it buys
-============================  ==============================================  =======================
-:func:`linear`                the class ``forward`` (``F.linear``)            oneDNN weight streaming
-                                                                              in fp32 inference on AMD
-                                                                              CPUs
-:func:`dropout`               ``F.dropout(x, p, training)``                   a mask from one 32-bit
-                                                                              draw per two elements
-:func:`attention_interface`   the configured kernel (SDPA)                    Eq. (1) as two matrix
-                                                                              products in CPU decoding
-:func:`update_self_attention  ``cache.update(key, value, layer_idx)``         appends in place, no
-_cache`                                                                       O(P) copy per step
-:func:`linear_cross_entropy`  ``lm_head(x)`` then ``F.cross_entropy``         no (N, V) gradient in
-                                                                              CPU fp32 training
-============================  ==============================================  =======================
+================================  =====================================  ====================================
+fast path                         plain fallback                         how the model reaches it
+================================  =====================================  ====================================
+:func:`linear`                    ``nn.Linear.forward`` (``F.linear``)   each stock layer's ``forward``
+                                                                         (:func:`route_modules`)
+:func:`dropout`                   ``nn.Dropout.forward``                 each stock layer's ``forward``
+:func:`sdpa_attention`            the model's ``"sdpa"`` entry           its ``AttentionInterface``
+:class:`GrowableLayer`            ``DynamicLayer`` (concatenation)       the self-attention cache's layers
+:func:`linear_cross_entropy`      ``lm_head(x)`` + ``F.cross_entropy``   the model's ``_logits_and_loss``
+================================  =====================================  ====================================
 
-(Measured effects are in ``benchmarks/RESULTS.md``.)
+:func:`linear` takes oneDNN's weight streaming in fp32 inference on AMD CPUs; :func:`dropout` draws its
+mask from one 32-bit draw per two elements; :func:`sdpa_attention` computes Eq. (1) as two matrix
+products in CPU decoding steps; :class:`GrowableLayer` appends in place (no O(P) copy per step);
+:func:`linear_cross_entropy` makes no (N, V) gradient in CPU fp32 training. (Measured effects are in
+``benchmarks/RESULTS.md``.)
 
 **One gate each.** A fast path runs only where it was measured (the CPU, fp32; for :func:`linear`, an
-AMD CPU) and only where it is
-invisible: never under ``torch.compile``, TorchScript tracing or scripting, ``torch.func``
-transforms, autocast, or for a module that is not exactly the stock ``nn.Linear`` with a plain weight
-(not a torchao tensor subclass) or that carries hooks (forward, backward, global, or accelerate's, which replace ``module.forward``). Everywhere
-else — GPUs, other dtypes, quantized or adapted layers, offloading — the model runs the stock
-operator, so every tool that works on stock modules works on this model.
+AMD CPU) and only where it is invisible: never under ``torch.compile``, TorchScript tracing or
+scripting, ``torch.func`` transforms, autocast, or for a module that is not exactly the stock
+``nn.Linear`` with a plain weight (not a torchao tensor subclass) or that carries hooks (forward,
+backward, global, or accelerate's, which replace ``module.forward``). Everywhere else — GPUs, other
+dtypes, quantized or adapted layers, offloading — the model runs the stock operator, so every tool that
+works on stock modules works on this model.
 
 **One switch.** ``HF_VANILLA_FAST_PATHS=0`` in the environment turns every fast path off (read once,
 when this module is imported); at run time :func:`set_enabled` or the :func:`disabled` context
 manager switch them. Off, the model runs only stock operators.
-
-This file imports only torch and transformers: it travels with the modeling file into a Hub folder.
 """
 
 from __future__ import annotations
@@ -67,8 +62,10 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.nn import functional as F
 from torch.nn.modules import module as _module
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from hf_vanilla.models.vanilla_transformer import modeling_vanilla_transformer as modeling
 
 #: The environment variable that turns every fast path off when set to ``0`` before import.
 SWITCH = "HF_VANILLA_FAST_PATHS"
@@ -125,7 +122,7 @@ def _stock_linear(module: nn.Module) -> bool:
     else: its type is ``nn.Linear`` itself (not a quantized, adapted or subclassed layer), its weight is
     a plain parameter (torchao's quantization keeps the ``nn.Linear`` and swaps its weight for a tensor
     subclass that dispatches ``F.linear`` to int8 kernels), no hook is registered on it or globally, and
-    no one replaced its ``forward`` but :func:`route_linears` (accelerate's hooks do)."""
+    no one replaced its ``forward`` but :func:`route_modules` (accelerate's hooks do)."""
     forward = module.__dict__.get("forward")
     return (
         type(module) is nn.Linear
@@ -208,36 +205,37 @@ def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
 
 
 def _linear_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """The ``forward`` that :func:`route_linears` gives a layer: :func:`linear` (looked up at each call)."""
+    """The ``forward`` that :func:`route_modules` gives a linear layer: :func:`linear` (looked up at each call)."""
     return linear(module, hidden_states)
+
+
+def _dropout_forward(module: nn.Dropout, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The ``forward`` that :func:`route_modules` gives a dropout layer: :func:`dropout`."""
+    return dropout(hidden_states, module.p, module.training)
 
 
 def _routed(forward: object) -> bool:
     return isinstance(forward, functools.partial) and forward.func is _linear_forward
 
 
-def route_linears(model: nn.Module) -> None:
-    """Enter :func:`linear` from the ``forward`` of every stock ``nn.Linear`` in ``model``, so that the
-    layers call ``self.q_proj(x)`` and the gate lives here, once.
+def route_modules(model: nn.Module) -> None:
+    """Enter :func:`linear` from the ``forward`` of every stock ``nn.Linear`` in ``model``, and
+    :func:`dropout` from that of every stock ``nn.Dropout``, so that the layers call ``self.q_proj(x)``
+    and ``self.dropout(x)`` and each gate lives here, once.
 
     The layer stays an ``nn.Linear`` (``quantize_dynamic({nn.Linear})``, PEFT, transformers' quantizers
     and the state dict see the stock module); only its instance gets a ``forward`` attribute, as
     accelerate's hooks and the ``kernels`` library's ``kernelize`` give one. Its hooks run around it as
     around any ``forward``; a layer whose class someone changes afterwards runs that class's
-    ``forward``. The model routes a new output projection too (``set_output_embeddings``, which the
-    vocabulary resizing uses)."""
+    ``forward``. hf_vanilla's model routes a new output projection too (``set_output_embeddings``, which
+    the vocabulary resizing uses)."""
     for module in model.modules():
-        if type(module) is nn.Linear and "forward" not in module.__dict__:
+        if "forward" in module.__dict__:
+            continue
+        if type(module) is nn.Linear:
             module.forward = functools.partial(_linear_forward, module)
-
-
-class FastLinearsMixin:
-    """For a ``PreTrainedModel``: transformers' ``post_init``, then :func:`route_linears` (the modeling
-    file's one entry to the linear fast path)."""
-
-    def post_init(self) -> None:
-        super().post_init()
-        route_linears(self)
+        elif type(module) is nn.Dropout and not module.inplace:
+            module.forward = functools.partial(_dropout_forward, module)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -275,6 +273,25 @@ def attention_interface(
     ):
         return eager
     return interface
+
+
+def sdpa_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The model's ``"sdpa"`` attention entry (registered in its ``ALL_ATTENTION_FUNCTIONS`` by
+    :mod:`hf_vanilla.speed.modeling`): the eager kernel where :func:`attention_interface` picks it (CPU
+    decoding steps), else the folder's own SDPA entry."""
+    kernel = attention_interface(
+        sdpa_attention_forward, modeling.eager_attention_forward, module, query, attention_mask
+    )
+    if kernel is sdpa_attention_forward:
+        kernel = modeling.sdpa_or_eager_attention_forward
+    return kernel(module, query, key, value, attention_mask, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,17 +360,11 @@ def dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tens
 # --------------------------------------------------------------------------------------------------
 # Incremental decoding: a self-attention cache that grows in place
 # --------------------------------------------------------------------------------------------------
-def _growable_layer(cache: object, layer_idx: int, tensor: torch.Tensor) -> object | None:
-    """The layer of a plain ``DynamicCache`` (no offloading) in eager inference, else None (then the
-    cache's own update is used). With gradients enabled the in-place writes would overwrite keys and
-    values that an earlier step saved for its backward pass; under compilation the buffer checks
-    would break the graph."""
-    if not enabled() or torch.is_grad_enabled() or _transformed(tensor):
-        return None
-    if type(cache) is not DynamicCache or cache.offloading or layer_idx >= len(cache.layers):
-        return None
-    layer = cache.layers[layer_idx]
-    return layer if type(layer) is DynamicLayer else None
+def _grows(tensor: torch.Tensor) -> bool:
+    """Whether a cache may grow in place: in eager inference. With gradients enabled the in-place writes
+    would overwrite keys and values that an earlier step saved for its backward pass; under compilation
+    the buffer checks would break the graph."""
+    return enabled() and not torch.is_grad_enabled() and not _transformed(tensor)
 
 
 def _store_with_room(layer: object, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
@@ -380,54 +391,64 @@ def _room_for(layer: object, batch: int, length: int) -> tuple[torch.Tensor, tor
     return buffers if length <= buffers[0].shape[2] else None
 
 
-def update_self_attention_cache(
-    cache: object, key: torch.Tensor, value: torch.Tensor, layer_idx: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cache.update(key, value, layer_idx)``: append (B, H, T, Dh) keys/values and return all
-    (B, H, P + T, Dh) of them.
+class GrowableLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys and values live in buffers with spare positions (capacity doubles
+    when full), so that a step writes only its own T positions. ``DynamicLayer.update`` concatenates,
+    copying the whole cache at every step (O(P) per token, O(N²) per sentence). ``keys``/``values`` stay
+    plain (B, H, P + T, Dh) tensors (views) for everything else in transformers; outside eager inference
+    (:func:`_grows`) the layer updates as ``DynamicLayer`` does."""
 
-    ``DynamicLayer.update`` concatenates, copying the whole cache at every step (O(P) per token,
-    O(N²) per sentence). For a plain ``DynamicCache`` in eager inference the cache lives here in
-    buffers with spare positions (capacity doubles when full), so a step writes only its own T
-    positions; the layer's ``keys``/``values`` stay plain (B, H, P + T, Dh) tensors (views) for
-    everything else in transformers.
-    """
-    layer = _growable_layer(cache, layer_idx, key)
-    if layer is None:
-        return cache.update(key, value, layer_idx)
-    past = layer.get_seq_length()
-    total = past + key.shape[2]
-    buffers = _room_for(layer, key.shape[0], total)
-    if buffers is None:
-        if not layer.is_initialized:
-            layer.lazy_initialization(key, value)
-        old_keys = layer.keys if past else key[:, :, :0]
-        old_values = layer.values if past else value[:, :, :0]
-        _store_with_room(layer, old_keys, old_values, capacity=2 * total if past else total + 16)
-        buffers = layer._hf_vanilla_buffers
-    buffers[0][:, :, past:total].copy_(key)
-    buffers[1][:, :, past:total].copy_(value)
-    layer.keys, layer.values = buffers[0][:, :, :total], buffers[1][:, :, :total]
-    return layer.keys, layer.values
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append (B, H, T, Dh) keys/values and return all (B, H, P + T, Dh) of them."""
+        if not _grows(key_states):
+            return super().update(key_states, value_states, *args, **kwargs)
+        past = self.get_seq_length()
+        total = past + key_states.shape[2]
+        buffers = _room_for(self, key_states.shape[0], total)
+        if buffers is None:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            old_keys = self.keys if past else key_states[:, :, :0]
+            old_values = self.values if past else value_states[:, :, :0]
+            _store_with_room(self, old_keys, old_values, capacity=2 * total if past else total + 16)
+            buffers = self._hf_vanilla_buffers
+        buffers[0][:, :, past:total].copy_(key_states)
+        buffers[1][:, :, past:total].copy_(value_states)
+        self.keys, self.values = buffers[0][:, :, :total], buffers[1][:, :, :total]
+        return self.keys, self.values
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search: the surviving hypotheses' rows are gathered straight into buffers with room for
+        the next step, so reordering and the next append copy the cache once."""
+        if not _grows(beam_idx) or self.get_seq_length() == 0:
+            return super().reorder_cache(beam_idx)
+        length = self.keys.shape[2]
+        shape = (beam_idx.shape[0], self.keys.shape[1], length + 1, self.keys.shape[3])
+        buffers = (self.keys.new_empty(shape), self.values.new_empty(shape))
+        index = beam_idx.to(self.keys.device)
+        torch.index_select(self.keys, 0, index, out=buffers[0][:, :, :length])
+        torch.index_select(self.values, 0, index, out=buffers[1][:, :, :length])
+        self.keys, self.values = buffers[0][:, :, :length], buffers[1][:, :, :length]
+        self._hf_vanilla_buffers = buffers
+        return None
 
 
-def reorder_self_attention_cache(cache: object, beam_idx: torch.Tensor) -> None:
-    """``cache.reorder_cache(beam_idx)`` for beam search; for the layers grown by
-    :func:`update_self_attention_cache`, the surviving hypotheses' rows are gathered straight into
-    buffers with room for the next step, so reordering and the next append copy the cache once."""
-    for layer_idx in range(len(cache.layers)):
-        layer = _growable_layer(cache, layer_idx, beam_idx)
-        if layer is None or layer.get_seq_length() == 0:
-            cache.layers[layer_idx].reorder_cache(beam_idx)
-            continue
-        length = layer.keys.shape[2]
-        shape = (beam_idx.shape[0], layer.keys.shape[1], length + 1, layer.keys.shape[3])
-        buffers = (layer.keys.new_empty(shape), layer.values.new_empty(shape))
-        index = beam_idx.to(layer.keys.device)
-        torch.index_select(layer.keys, 0, index, out=buffers[0][:, :, :length])
-        torch.index_select(layer.values, 0, index, out=buffers[1][:, :, :length])
-        layer.keys, layer.values = buffers[0][:, :, :length], buffers[1][:, :, :length]
-        layer._hf_vanilla_buffers = buffers
+def make_growable(cache: object) -> None:
+    """Give the self-attention cache of an ``EncoderDecoderCache`` :class:`GrowableLayer` layers where
+    they are still empty ``DynamicLayer`` ones of a plain ``DynamicCache`` without offloading."""
+    if not isinstance(cache, EncoderDecoderCache) or not enabled():
+        return
+    cache = cache.self_attention_cache
+    if type(cache) is not DynamicCache or cache.offloading:
+        return
+    cache.layers = [
+        GrowableLayer() if type(layer) is DynamicLayer and not layer.is_initialized else layer
+        for layer in cache.layers
+    ]
+    if getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:  # layers made on demand
+        cache.layer_class_to_replicate = GrowableLayer
 
 
 # --------------------------------------------------------------------------------------------------
