@@ -249,11 +249,15 @@ def _ensemble_class(mixin: type[GenerationMixin]) -> type[EnsembleModel]:
 
 
 def _generation_mixin(model: PreTrainedModel) -> type[GenerationMixin]:
-    """The class that gives ``model`` its ``generate()`` (e.g. hf_vanilla's, with §6.1's length bound)."""
+    """The class that gives ``model`` its ``generate()`` (e.g. hf_vanilla's, with §6.1's length bound),
+    passing over mixins that replace transformers' search loops: those (hf_vanilla.speed's loops that drop
+    finished sentences) work on one model's cache, and an ensemble searches with transformers' own loops."""
     return next(
         base
         for base in type(model).__mro__
-        if issubclass(base, GenerationMixin) and not issubclass(base, PreTrainedModel)
+        if issubclass(base, GenerationMixin)
+        and not issubclass(base, PreTrainedModel)
+        and (base is GenerationMixin or not {"_beam_search", "_sample"} & set(vars(base)))
     )
 
 
