@@ -102,7 +102,8 @@ def _run(argv: list[str]) -> None:
     )
 
     shard = parts.resolve_shard(sharding)
-    if shard is not None or sharding.merge:
+    split = shard is not None or sharding.merge
+    if split:
         _check_split_files(io)
     if io.output_file != "-":
         refuse_to_replace(  # before loading anything
@@ -123,9 +124,7 @@ def _run(argv: list[str]) -> None:
     check_nbest(io.nbest, decoding.num_beams, decoding.do_sample)
     if io.max_length is not None and io.max_length < 1:
         raise ValueError(f"--max_length must be a positive number of tokens, got {io.max_length}.")
-    if (
-        shard is not None or sharding.merge
-    ):  # the input checked whole, the parts' plan: before loading anything
+    if split:  # the input checked whole, the parts' plan: before loading anything
         settings = parts.output_settings({**asdict(model_args), **asdict(decoding), **asdict(io)})
         plan = parts.plan_parts(
             io.input_file,
