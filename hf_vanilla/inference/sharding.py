@@ -228,8 +228,14 @@ def plan_parts(
             handle.write(json.dumps(dataclasses.asdict(fresh), indent=1, sort_keys=True) + "\n")
         return fresh
     stored = read_json(path, hint=f"Remove {str(folder)!r} to start over.")
+    part_lines = stored.get("part_lines")
+    if isinstance(part_lines, bool) or not isinstance(part_lines, int) or part_lines < 1:
+        raise ValueError(
+            f"{str(path)!r} is damaged: 'part_lines' is {part_lines!r}, not a positive number of lines. Remove "
+            f"{str(folder)!r} to start over."
+        )
     _refuse_other_plan(folder, stored, fresh, flag)
-    return dataclasses.replace(fresh, part_lines=int(stored["part_lines"]))
+    return dataclasses.replace(fresh, part_lines=part_lines)
 
 
 def _line_offsets(path: str | Path, wanted: Iterable[int]) -> dict[int, int]:

@@ -118,11 +118,17 @@ def test_merge_refuses_missing_unfinished_or_mismatched_parts(
 ) -> None:
     """--merge writes nothing, in one line, while a shard's parts are missing, a part was changed after its
     marker, or the input or the options differ from the parts'; an existing output stays without
-    --overwrite."""
+    --overwrite. A damaged plan is refused naming it."""
     output = tmp_path / "two.de"
     args = _args(folder, source, output, "--num_beams", "1", "--buffer_size", "3")
     merge = [*args, "--num_shards", "2", "--merge"]
     _refused(merge, capsys, "holds no parts")
+    parts_folder(output).mkdir()
+    (parts_folder(output) / "plan.json").write_text('{"lines": 13}')
+    _refused(
+        [*args, "--num_shards", "2", "--shard_id", "0"], capsys, "plan.json' is damaged: 'part_lines' is None"
+    )
+    (parts_folder(output) / "plan.json").unlink()
     _shards(args, capsys, 2, range(1))
     assert _refused(merge, capsys, "3 of the 5 parts").endswith("Run shard(s) 1 again (--shard_id).")
     _shards(args, capsys, 2, range(1, 2))
