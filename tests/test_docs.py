@@ -31,6 +31,10 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIPPED: dict[tuple[str, str], str] = {
     ("docs/hub.md", "from transformers import pipeline"): "needs the Hub",
     ("docs/interop.md", "import torch"): "needs an ONNX export (about a minute)",
+    (
+        "docs/scaling.md",
+        "import ray",
+    ): "needs a Ray cluster and its storage (tests/inference/test_translator.py runs it locally)",
 }
 
 #: Translated pages and the page each translates.

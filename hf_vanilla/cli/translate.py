@@ -12,16 +12,27 @@ log P / |Y|^α, or the GNMT penalty's with --length_penalty_type gnmt; CTranslat
 --target_prefix_file, each translation starts with its line's prefix. With --ensemble B,C the models of
 --model_name_or_path, B and C translate together (their next-token probabilities averaged at each step).
 An existing --output_file is kept unless --overwrite is given.
+
+Many processes: `torchrun --nproc_per_node N` or `accelerate launch --num_processes N` (also over several
+machines sharing a file system) split --input_file into contiguous parts written into OUTPUT.parts/, and
+rank 0 joins them into --output_file; a job array runs --num_shards K --shard_id I per task, then the
+same command with --merge. A relaunch skips the parts that were finished (docs/scaling.md).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from hf_vanilla.cli import parse_arguments, run_cli
-from hf_vanilla.inference.options import DecodingOptions, InferenceModelArguments, check_nbest
+from hf_vanilla.inference.options import (
+    DecodingOptions,
+    InferenceModelArguments,
+    ShardingArguments,
+    check_nbest,
+)
 from hf_vanilla.io.atomic import OVERWRITE_HELP, refuse_to_replace
 
 
@@ -88,10 +99,11 @@ class IOArguments:
 
 
 def _run(argv: list[str]) -> None:
-    _, (model_args, decoding, io) = parse_arguments(
-        argv, (InferenceModelArguments, DecodingOptions, IOArguments), __doc__
+    _, (model_args, decoding, io, sharding) = parse_arguments(
+        argv, (InferenceModelArguments, DecodingOptions, IOArguments, ShardingArguments), __doc__
     )
     # After --help; torch only for the transformers backend (a CTranslate2 export starts in about a second).
+    from hf_vanilla.inference import sharding as parts
     from hf_vanilla.inference.ctranslate2 import load_ctranslate2_and_tokenizer, resolve_backend
     from hf_vanilla.inference.streaming import (
         check_alignment_file,
@@ -100,6 +112,10 @@ def _run(argv: list[str]) -> None:
         translate_stream,
     )
 
+    shard = parts.resolve_shard(sharding)
+    split = shard is not None or sharding.merge
+    if split:
+        _check_split_files(io)
     if io.output_file != "-":
         refuse_to_replace(  # before loading anything
             io.output_file, io.overwrite, "--output_file", kind="file", inputs=[io.input_file]
@@ -119,6 +135,20 @@ def _run(argv: list[str]) -> None:
     check_nbest(io.nbest, decoding.num_beams, decoding.do_sample)
     if io.max_length is not None and io.max_length < 1:
         raise ValueError(f"--max_length must be a positive number of tokens, got {io.max_length}.")
+    if split:  # the input checked whole, the parts' plan: before loading anything
+        settings = parts.output_settings({**asdict(model_args), **asdict(decoding), **asdict(io)})
+        plan = parts.plan_parts(
+            io.input_file,
+            io.output_file,
+            settings,
+            io.buffer_size,
+            shard[1] if shard else 1,
+            not sharding.merge,
+        )
+        if sharding.merge:
+            parts.merge_parts(plan, io.output_file, io.alignment_file, sharding.num_shards)
+            return
+        model_args.device = parts.rank_device(model_args.device)
     if io.ensemble is not None:
         from hf_vanilla.inference.ensemble import load_ensemble, parse_ensemble
 
@@ -134,23 +164,61 @@ def _run(argv: list[str]) -> None:
         model, tokenizer = load_model_and_tokenizer(model_args)
         described = decoding.describe()
     logging.getLogger(__name__).info("Decoding: %s", described)
-    translate_stream(
+    stream = functools.partial(
+        translate_stream,
         model,
         tokenizer,
         io.input_file,
-        io.output_file,
-        decoding,
-        model_args.batch_size,
-        model_args.device,
+        options=decoding,
+        batch_size=model_args.batch_size,
+        device=model_args.device,
         chunk_lines=io.buffer_size,
         generate_kwargs={} if io.max_length is None else {"max_new_tokens": io.max_length},
-        overwrite=io.overwrite,
         nbest=io.nbest,
         max_tokens=model_args.max_tokens,
         prefix_file=io.target_prefix_file,
-        alignment_file=io.alignment_file,
         split_sentences=io.split_sentences,
     )
+    if shard is None:
+        stream(io.output_file, overwrite=io.overwrite, alignment_file=io.alignment_file)
+        return
+    parts.translate_shard(
+        plan,
+        io.output_file,
+        *shard,
+        lambda span, text, alignment: stream(text, overwrite=True, alignment_file=alignment, span=span),
+        io.input_file,
+        io.target_prefix_file,
+    )
+    if parts.launched() is None:
+        logging.getLogger(__name__).info(
+            "Shard %d of %d is translated; once every shard is, run the same command with --merge "
+            "(in place of --shard_id) to write %s.",
+            *shard,
+            io.output_file,
+        )
+        return
+    parts.wait_for_all_ranks()
+    if shard[0] == 0:
+        parts.merge_parts(plan, io.output_file, io.alignment_file)
+
+
+def _check_split_files(io: IOArguments) -> None:
+    """Refuse stdin, stdout or a pipe where a corpus is split between processes: each reads the input file
+    by itself, and the output is joined from parts in a folder beside it."""
+    from hf_vanilla.inference.streaming import check_input_file
+
+    if io.input_file == "-" or io.output_file == "-":
+        raise ValueError(
+            "Splitting a corpus between processes (a launcher, --num_shards or --merge) needs --input_file FILE "
+            "and --output_file FILE: each process reads the input itself, and the output is joined from parts "
+            "beside it."
+        )
+    if not check_input_file(io.input_file):
+        raise ValueError(
+            f"--input_file {io.input_file!r} is a pipe, which only one process can read, once: write it to a file "
+            "first to split it between processes."
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

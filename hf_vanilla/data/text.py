@@ -11,11 +11,12 @@ __all__ = ["BOM", "text_lines"]
 BOM = "\ufeff"
 
 
-def text_lines(stream: Iterable[bytes | str], name: str) -> Iterator[str]:
+def text_lines(stream: Iterable[bytes | str], name: str, first: int = 1) -> Iterator[str]:
     """The lines of ``stream`` (bytes, or already decoded text) without their line ends and without a
     UTF-8 byte-order mark at the start. A line that is not UTF-8 text or holds a NUL byte raises
-    ``ValueError`` naming ``name`` and the line number."""
-    for number, raw in enumerate(stream, start=1):
+    ``ValueError`` naming ``name`` and the line number. ``first``: the number of the stream's first
+    line in its file (a stream that starts mid-file; only line 1 may start with the mark)."""
+    for number, raw in enumerate(stream, start=first):
         if isinstance(raw, bytes):
             try:
                 line = raw.decode("utf-8")

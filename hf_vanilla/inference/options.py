@@ -19,6 +19,7 @@ __all__ = [
     "DecodingOptions",
     "Hypothesis",
     "InferenceModelArguments",
+    "ShardingArguments",
     "check_nbest",
     "refuse_non_finite",
 ]
@@ -251,4 +252,27 @@ class InferenceModelArguments:
     trust_remote_code: bool = field(
         default=False,
         metadata={"help": "Allow code shipped with a Hub model (not needed with hf_vanilla installed)."},
+    )
+
+
+@dataclass
+class ShardingArguments:
+    """How a corpus is split between processes (``torchrun`` and ``accelerate launch`` split it by themselves)."""
+
+    num_shards: int | None = field(
+        default=None,
+        metadata={
+            "help": "Split the input into this many contiguous shards, and translate the one --shard_id names "
+            "(a job array: one task per shard); the parts go to OUTPUT.parts/, and --merge writes --output_file."
+        },
+    )
+    shard_id: int | None = field(
+        default=None, metadata={"help": "With --num_shards: the shard this process translates, from 0."}
+    )
+    merge: bool = field(
+        default=False,
+        metadata={
+            "help": "Join the finished parts in OUTPUT.parts/ into --output_file (the same command as the shards', "
+            "with --merge for --shard_id); refused while a part is missing or unfinished."
+        },
     )

@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 from hf_vanilla.data.text import text_lines
 from hf_vanilla.inference.options import DecodingOptions
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PAUSE_SECONDS",
+    "Span",
     "check_alignment_file",
     "check_input_file",
     "check_prefix_file",
@@ -38,6 +39,16 @@ logger = logging.getLogger(__name__)
 
 #: Seconds without a new line after which the lines read so far from stdin are translated.
 PAUSE_SECONDS = 0.1
+
+
+class Span(NamedTuple):
+    """Input lines ``first`` to ``stop`` (from 0, ``stop`` excluded) of a regular file, which start at byte
+    ``offset`` of the input and ``prefix_offset`` of the target prefix file."""
+
+    first: int
+    stop: int
+    offset: int
+    prefix_offset: int = 0
 
 
 def check_input_file(source: str | Path, flag: str = "--input_file") -> bool:
@@ -69,6 +80,7 @@ def translate_stream(
     prefix_file: str | Path | None = None,
     alignment_file: str | Path | None = None,
     split_sentences: str | None = None,
+    span: Span | None = None,
 ) -> int:
     """Translate a file (or stdin when ``source`` is None or ``"-"``) line by line to a file (or stdout).
 
@@ -96,6 +108,9 @@ def translate_stream(
     blank line for a blank input or an empty translation), written like the output file: whole or not at
     all, and an existing one only with ``overwrite``. Not with ``nbest``. ``split_sentences``: see
     :func:`translate_nbest`.
+
+    ``span``: translate only these lines of a regular input file (and of the prefix file), numbered (n-best
+    indices, errors, sampling seeds) as in the whole file; the caller has checked both files whole.
     """
     if chunk_lines < 1:
         raise ValueError(f"--buffer_size must be at least 1 line, got {chunk_lines}.")
@@ -107,13 +122,13 @@ def translate_stream(
     name = "<stdin>" if from_stdin else str(source)
     streamed = from_stdin or not check_input_file(source)  # read once, as it comes
     prefix_name = str(prefix_file)
-    if prefix_file is not None:
+    if prefix_file is not None and span is None:
         check_prefix_file(prefix_file, source)
-    if not streamed:
+    if not streamed and span is None:
         with open(source, "rb") as handle:
             for _ in text_lines(handle, name):  # fail before hours of translation, not after
                 pass
-    count = 0
+    count = 0 if span is None else span.first
     seed = None if options is None else options.seed
     with contextlib.ExitStack() as stack:
         in_stream = _stdin_reader() if from_stdin else stack.enter_context(open(source, "rb"))
@@ -125,12 +140,14 @@ def translate_stream(
         alignment_stream = (
             None if alignment_file is None else stack.enter_context(atomic_file(alignment_file))
         )
-        lines = text_lines(in_stream, name)
+        lines = _lines(in_stream, name, span, span and span.offset)
         buffers = _buffers(lines, chunk_lines, pause) if streamed else _chunks(lines, chunk_lines)
         prefix_lines = (
             None
             if prefix_file is None
-            else text_lines(stack.enter_context(open(prefix_file, "rb")), prefix_name)
+            else _lines(
+                stack.enter_context(open(prefix_file, "rb")), prefix_name, span, span and span.prefix_offset
+            )
         )
         for chunk in buffers:
             prefixes = None if prefix_lines is None else list(itertools.islice(prefix_lines, len(chunk)))
@@ -166,12 +183,20 @@ def translate_stream(
             count += len(chunk)
             if not to_stdout:  # progress: the file itself appears only when every line is translated
                 logger.info("Lines translated so far: %d (%s is written when all are)", count, output)
-        if prefix_lines is not None and next(prefix_lines, None) is not None:
+        if prefix_lines is not None and span is None and next(prefix_lines, None) is not None:
             raise ValueError(
                 f"--target_prefix_file {prefix_name!r} has more lines than the input ({count}): give one "
                 "prefix per input line; no output file was written."
             )
     return count
+
+
+def _lines(stream: BinaryIO, name: str, span: Span | None, offset: int | None) -> Iterator[str]:
+    """The checked lines of ``stream``: all of them, or those of ``span``, read from byte ``offset`` on."""
+    if span is None:
+        return text_lines(stream, name)
+    stream.seek(offset)
+    return itertools.islice(text_lines(stream, name, first=span.first + 1), span.stop - span.first)
 
 
 def check_alignment_file(

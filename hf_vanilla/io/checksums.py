@@ -14,6 +14,7 @@ from hf_vanilla.io.errors import CorruptCheckpointError, restore_hint
 __all__ = [
     "CHECKSUMS_NAME",
     "copy_hashing",
+    "file_sha256",
     "fingerprint_of_digests",
     "verify_checksums",
     "weights_fingerprint",
@@ -27,7 +28,8 @@ CHECKSUMS_NAME = "checksums.sha256"
 # --------------------------------------------------------------------------------------------------
 # checksums
 # --------------------------------------------------------------------------------------------------
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file ``path``, read block by block."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -67,7 +69,7 @@ def weights_fingerprint(folder: str | Path) -> str | None:
     weights = sorted(folder.glob("model*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
     if not weights:
         return None
-    return fingerprint_of_digests({path.name: _sha256(path) for path in weights})
+    return fingerprint_of_digests({path.name: file_sha256(path) for path in weights})
 
 
 def _files_under(folder: Path) -> list[Path]:
@@ -83,7 +85,7 @@ def write_checksums(folder: str | Path, files: Iterable[Path] | None = None) -> 
     """
     folder = Path(folder)
     listed = _files_under(folder) if files is None else sorted(files)
-    lines = [f"{_sha256(p)}  {p.relative_to(folder).as_posix()}\n" for p in listed]
+    lines = [f"{file_sha256(p)}  {p.relative_to(folder).as_posix()}\n" for p in listed]
     target = folder / CHECKSUMS_NAME
     temporary = folder / f".{CHECKSUMS_NAME}.{uuid.uuid4().hex}"
     temporary.write_text("".join(lines), encoding="utf-8")
@@ -114,7 +116,7 @@ def verify_checksums(folder: str | Path, patterns: Sequence[str] | None = None) 
             raise CorruptCheckpointError(
                 f"{str(path)!r} is listed in {CHECKSUMS_NAME} but missing.{restore_hint(path)}"
             )
-        if _sha256(path) != digest:
+        if file_sha256(path) != digest:
             raise CorruptCheckpointError(
                 f"{str(path)!r} is damaged: its sha256 differs from the one recorded in {CHECKSUMS_NAME} when the "
                 f"folder was saved.{restore_hint(path, saved_over=True)}"
