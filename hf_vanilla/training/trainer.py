@@ -20,6 +20,7 @@ from typing import Any
 import datasets
 import numpy as np
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 from transformers import EvalPrediction, PreTrainedTokenizerBase, Seq2SeqTrainer
@@ -159,6 +160,9 @@ class PaperSeq2SeqTrainer(Seq2SeqTrainer):
       label-smoothed ``<prefix>_loss``. They are read from the logits of the forward pass that
       computes the loss (no second pass), and gathered over processes without the sentences
       Accelerate repeats to even out the last batch.
+    * Evaluation with ``predict_with_generate`` of a model sharded with FSDP2 for evaluation only runs
+      one forward pass of the first batch before generating, so that the model, not its first module
+      ``generate()`` calls, becomes FSDP2's root (:meth:`_initialise_fsdp2_root`).
     * A run that asked for FSDP but would not be sharded (accelerate on CPU) is refused with a
       :class:`~hf_vanilla.training.launch_checks.LaunchError` as soon as the Accelerator exists, before the
       output folder is created (:func:`~hf_vanilla.training.launch_checks.check_fsdp_honoured`).
@@ -223,6 +227,7 @@ class PaperSeq2SeqTrainer(Seq2SeqTrainer):
         self.max_tokens, self.sort_pool_size, self.max_sentences = max_tokens, sort_pool_size, max_sentences
         self._length_cache: tuple[str, np.ndarray, np.ndarray] | None = None
         self._target_nll: TargetNLL | None = None  # during evaluation only
+        self._fsdp2_roots: set[int] = set()  # models whose FSDP2 root is initialised
         if self.args.learning_rate is None:
             d_model = self.model.config.d_model
             warmup = self._warmup_steps_for_peak()
@@ -358,6 +363,8 @@ class PaperSeq2SeqTrainer(Seq2SeqTrainer):
         ignore_keys: list[str] | None = None,
         **gen_kwargs: Any,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        if self.args.predict_with_generate and not prediction_loss_only:
+            self._initialise_fsdp2_root(model, inputs)
         saved = copy.deepcopy(self.model.generation_config)
         try:
             step = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
@@ -366,6 +373,17 @@ class PaperSeq2SeqTrainer(Seq2SeqTrainer):
         if self._target_nll is not None:
             self._target_nll.gather(self.accelerator)
         return step
+
+    def _initialise_fsdp2_root(self, model: torch.nn.Module, inputs: dict[str, Any]) -> None:
+        """FSDP2 (``fully_shard``) makes a module the root of its sharded modules on the root's first
+        forward call; ``generate()`` calls the encoder first, so a model sharded for evaluation only
+        (nothing trained it in this Trainer) would make the shared embedding its root and fail. One
+        forward of the first batch first, once per model (its outputs are recomputed by the step)."""
+        if not isinstance(model, FSDPModule) or id(model) in self._fsdp2_roots:
+            return
+        with torch.no_grad():
+            model(**inputs)
+        self._fsdp2_roots.add(id(model))
 
     def evaluation_loop(
         self,
