@@ -418,6 +418,24 @@ def test_the_bound_survives_trainer_defaults_and_user_configs(model, batch, tmp_
     assert _first_eos(reloaded.generate(**source, num_beams=1)) == [9 + 10, 6 + 10]
 
 
+def test_a_cap_that_ends_every_sentence_before_its_bound_runs_no_bound(model, batch, monkeypatch) -> None:
+    """The §6.1 bound costs a logits-processor call per step: a max_new_tokens that stops every sentence
+    before its bound (here 6 + 50 tokens for the shorter one) leaves it out; one that reaches it keeps it."""
+    calls = []
+    bound_call = _SourceLengthBound.__call__
+
+    def counted(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        calls.append(input_ids.shape[1])
+        return bound_call(self, input_ids, scores)
+
+    monkeypatch.setattr(_SourceLengthBound, "__call__", counted)
+    _never_ends(model)
+    source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    assert model.generate(**source, num_beams=1, max_new_tokens=55).shape[1] == 1 + 55 and calls == []
+    assert _first_eos(model.generate(**source, num_beams=1, max_new_tokens=56)[1:]) == [6 + 50]
+    assert len(calls) == 56
+
+
 def test_beam_search_outputs_have_marians_shapes(model, batch) -> None:
     """generate(return_dict_in_generate, output_hidden_states, output_attentions) with beams: every
     tensor has the shape MarianMTModel of the same size gives (transformers 5.24): encoder states and

@@ -1,10 +1,12 @@
 """A model folder holds the paper and the transformers contract only; the installed package adds its speed
 work from outside, and neither changes a token: greedy and beam-4 outputs of a folder written before the
 speed work left the folder (tests/fixtures/folder_before_speed_split) and of one written now are the same
-with hf_vanilla, with transformers' own search, and where hf_vanilla is not installed."""
+with hf_vanilla, with transformers' own search, and where hf_vanilla is not installed. The fixture's weights
+are not committed: its made_by.py makes them again, and their checksum must be the one the old code wrote."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -25,6 +27,22 @@ MAX_FOLDER_LINES = 1600
 
 def _expected() -> dict:
     return json.loads((FIXTURE / "expected.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def folder_before(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the fixture folder with its weights made again by its made_by.py."""
+    folder = tmp_path_factory.mktemp("before") / "folder"
+    shutil.copytree(FIXTURE, folder)
+    spec = importlib.util.spec_from_file_location("made_by", FIXTURE / "made_by.py")
+    made_by = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(made_by)
+    sha256 = made_by.weights_sha256(made_by.write_weights(folder))
+    assert sha256 == _expected()["weights_sha256"], (
+        "made_by.py no longer makes the weights the old code wrote (did the model's initialisation change?); "
+        "the tokens in expected.json belong to those weights only"
+    )
+    return folder
 
 
 def _outputs(model: VanillaTransformerForConditionalGeneration, case: dict) -> dict[str, list]:
@@ -54,8 +72,10 @@ def test_the_folder_classes_override_no_private_generation_method() -> None:
 
 
 @pytest.mark.parametrize("drop", [True, False], ids=["hf_vanilla-search", "transformers-search"])
-def test_a_folder_written_before_gives_the_same_tokens_with_hf_vanilla(drop: bool) -> None:
-    model = VanillaTransformerForConditionalGeneration.from_pretrained(FIXTURE).eval()
+def test_a_folder_written_before_gives_the_same_tokens_with_hf_vanilla(
+    drop: bool, folder_before: Path
+) -> None:
+    model = VanillaTransformerForConditionalGeneration.from_pretrained(folder_before).eval()
     model.drop_finished_sentences = drop  # False: transformers' own beam and greedy loops
     expected = _expected()
     assert _outputs(model, expected) == {"greedy": expected["greedy"], "beam": expected["beam"]}
@@ -80,17 +100,17 @@ print(json.dumps({"module": type(model).__module__, "stock": stock, "greedy": gr
 
 @pytest.mark.parametrize("written", ["before", "now"])
 def test_a_folder_gives_the_same_tokens_where_hf_vanilla_is_not_installed(
-    written: str, tmp_path: Path
+    written: str, folder_before: Path, tmp_path: Path
 ) -> None:
     """The fixture's weights with today's folder code, and a folder saved now, load without hf_vanilla,
     run transformers' own search and give the recorded tokens."""
     folder = tmp_path / "folder"
     if written == "before":
-        shutil.copytree(FIXTURE, folder)
+        shutil.copytree(folder_before, folder)
         for code in FOLDER_CODE.glob("*_vanilla_transformer.py"):
             shutil.copy(code, folder)
     else:
-        VanillaTransformerForConditionalGeneration.from_pretrained(FIXTURE).save_pretrained(folder)
+        VanillaTransformerForConditionalGeneration.from_pretrained(folder_before).save_pretrained(folder)
     expected = _expected()
     result = run_clean(LOAD, tmp_path, str(folder), json.dumps(expected))
     remote = json.loads(result.stdout.strip().splitlines()[-1])

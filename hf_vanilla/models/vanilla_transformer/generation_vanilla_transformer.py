@@ -70,15 +70,13 @@ class _SourceLengthBound(LogitsProcessor):
     ) -> None:
         # (rows,) decoder length at which only </s> may follow: source length + offset tokens in all.
         self.limits = source_lengths + offset - 1 + start_length
-        # Before this decoder length no row is at its bound (read once here, not at every step).
-        self.first_limit = int(self.limits.min())
+        self.first_limit = int(self.limits.min())  # no row is at its bound before this decoder length
         self.eos_token_id = eos_token_id
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if input_ids.shape[1] < self.first_limit:  # most steps: the scores stay as they are
             return scores
-        rows = input_ids.shape[0]
-        limits = self.limits.to(input_ids.device).repeat_interleave(rows // self.limits.shape[0])
+        limits = self.limits.to(input_ids.device).repeat_interleave(len(input_ids) // len(self.limits))
         done = input_ids.shape[1] >= limits  # (rows,)
         # </s> keeps its own score (beam search ranks the ended hypothesis by it); if another
         # processor banned it (e.g. min_new_tokens beyond the bound), the lowest finite score instead
@@ -154,7 +152,9 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
                 else:
                     kwargs["max_length"] = max_length
             bound = _SourceLengthBound(source_lengths, start_length, self.config.eos_token_id, offset)
-            logits_processor = LogitsProcessorList([*(logits_processor or []), bound])
+            cap = _first_set("max_new_tokens", kwargs, configs)  # ending all before the bound: no processor
+            if cap is None or start_length + cap > bound.first_limit:
+                logits_processor = LogitsProcessorList([*(logits_processor or []), bound])
         return super().generate(
             inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
         )
