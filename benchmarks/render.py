@@ -66,6 +66,13 @@ COMPARISONS = [
         "`hf-vanilla-serve` answering N clients × M requests on loopback, batched against one request at a"
         " time, on the transformers and the CTranslate2 backend ([serving.md](../docs/serving.md#under-load)).",
     ),
+    Comparison(
+        "scale_out",
+        "Corpus translation on 2 processes",
+        "`hf-vanilla-translate` on a corpus under `torchrun` with 2 processes × 1 thread against 1 process × 1"
+        " thread, launch to output file, with the speed-up 2 idle cores would allow by CPU time"
+        " ([scaling.md](../docs/scaling.md#translating-a-corpus-on-many-processes-and-machines)).",
+    ),
 ]
 
 HEADER = """# Benchmark results

@@ -375,6 +375,57 @@ def test_the_serving_table_says_when_the_machine_was_under_load() -> None:
     assert "shared machine" not in serving_table(serving([0.5, 1.0]))["note"]
 
 
+def test_the_scale_out_table_gives_the_speed_up_and_says_when_the_machine_was_under_load() -> None:
+    """The scale-out comparison's ``table`` reads its run's JSON (here a small hand-made one): one row per
+    case with its speed-up and CPU-time bound, and the note names a load average above the CPUs."""
+    from benchmarks.scale_out.run import table as scale_out_table
+
+    arguments = {
+        "sentences": 2000,
+        "d_model": 512,
+        "layers": 6,
+        "max_length": 24,
+        "batch_size": 32,
+        "rounds": 3,
+    }
+
+    def scale_out(load: list[float], same: bool = True) -> dict:
+        rows = [
+            {"case": "1 process x 1 thread", "median_s": 60.0, "tokens_per_s": 800.0, "cpu_s": 56.6, "load": load},
+            {"case": "2 processes x 1 thread (torchrun)", "median_s": 40.0, "tokens_per_s": 1200.0, "cpu_s": 65.4, "load": load},
+        ]  # fmt: skip
+        return {"meta": META, "arguments": arguments, "rows": rows, "output_tokens": 48000,
+                "same_output": same, "speedup": 1.5, "cpu_bound_speedup": 1.731}  # fmt: skip
+
+    loaded = scale_out([2.5, 3.5])
+    table = scale_out_table(loaded)
+    assert _rendered(loaded, table) == [
+        "| case | median s | output tokens/s | CPU s | speed-up | CPU-time bound | load |",
+        "| 1 process x 1 thread | 60.0 | 800 | 56.6 | 1.00× |  | 2.5–3.5 |",
+        "| 2 processes x 1 thread (torchrun) | 40.0 | 1200 | 65.4 | **1.50×** | 1.73× | 2.5–3.5 |",
+    ]
+    assert "2,000 sentences, d_model 512, 6 + 6 layers" in table["title"]
+    assert "shared machine under load" in table["note"] and "were the same bytes" in table["note"]
+    idle = scale_out_table(scale_out([0.5, 1.0], same=False))["note"]
+    assert "shared machine" not in idle and "were not the same bytes" in idle
+
+
+@pytest.mark.slow
+def test_scale_out_benchmark_translates_alike_on_two_processes(tmp_path: Path) -> None:
+    """The scale-out benchmark at tiny size (plumbing, not speed): both runs give the same output, and its
+    JSON has a row per case with the load around it, and a table that renders."""
+    report = _run("scale_out.run", tmp_path, "--sentences", "6", "--d_model", "64", "--layers", "1",
+                  "--max_length", "8", "--rounds", "1")  # fmt: skip
+    assert report["same_output"] is True and report["output_tokens"] > 0
+    assert [row["case"] for row in report["rows"]] == [
+        "1 process x 1 thread",
+        "2 processes x 1 thread (torchrun)",
+    ]
+    assert all(len(row["seconds"]) == 1 and len(row["load"]) == 2 for row in report["rows"])
+    assert report["meta"]["command"].startswith("python -m benchmarks.scale_out.run --sentences 6")
+    assert len([line for line in render_run(report).splitlines() if line.startswith("| ")]) == 3
+
+
 def test_a_row_that_does_not_fit_its_columns_is_refused() -> None:
     table = {"title": "t", "columns": ["a", "b"], "rows": [["only one"]]}
     with pytest.raises(ValueError, match="a row of 1 cells under 2 columns"):
