@@ -6,7 +6,8 @@ tiny model folder ``demo_output`` (what README command 1 writes, at a tiny size 
 snippet that draws writes its picture there. A translated page (:data:`TRANSLATIONS`) must have its
 original's code blocks byte for byte, so its snippets are run once, on the original. A snippet that needs what a
 test cannot have (the Hub, a GPU) is marked in the Markdown by ``<!-- skip-test: REASON -->`` on the line
-before its fence, and listed in :data:`SKIPPED` below with that reason. Bash blocks are not run.
+before its fence, and listed in :data:`SKIPPED` below with that reason. Bash blocks are not run, but for the
+README's translation commands (a slow test).
 """
 
 from __future__ import annotations
@@ -358,3 +359,50 @@ def test_paper_page_links_each_part_to_the_line_that_holds_it() -> None:
     for symbol, target, line in links:
         source = (ROOT / "docs" / target).resolve().read_text(encoding="utf-8").splitlines()
         assert re.search(rf"\b{symbol}\b", source[int(line) - 1]), f"{target}#L{line} does not hold {symbol}"
+
+
+def readme_commands(heading: str) -> list[str]:
+    """The shell commands of the bash blocks under README.md's ``### heading``, continuation lines joined and
+    comments dropped."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split(f"\n### {heading}\n", 1)[1].split("\n##", 1)[0]
+    blocks = [code for language, _, code, _ in fenced_blocks(section) if language == "bash"]
+    joined = "\n".join(blocks).replace("\\\n", " ")
+    return [line.split("#", 1)[0].strip() for line in joined.splitlines() if line.split("#", 1)[0].strip()]
+
+
+@pytest.mark.slow
+def test_readme_translation_commands_run_as_written(tmp_path: Path, model, tokenizer) -> None:
+    """Each ``hf-vanilla-translate`` and ``torchrun`` command of the README's translation sections runs as
+    printed, on tiny model folders named as there, and writes one output line per input line. The server's
+    command runs until stopped; tests/serving starts it."""
+    import os
+    import subprocess
+
+    for name in ("demo_output", "run2", "run3"):
+        save_model_folder(model, tokenizer, tmp_path / name)
+    for name, text in {
+        "in.txt": "w4 w5\nw1 w2 w3\n",
+        "mono.txt": "w7\nw6 w7\n",
+        "corpus.txt": "w4\nw5\nw6\n",
+    }.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    (tmp_path / "prefixes.txt").write_text("w9\n\n", encoding="utf-8")
+    commands = readme_commands("Translate like an MT toolkit") + readme_commands(
+        "Translate a corpus on many processes, or serve over HTTP"
+    )
+    run = [command for command in commands if not command.startswith("hf-vanilla-serve")]
+    assert len(run) >= 4 and any(command.startswith("torchrun") for command in run), commands
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    for command in run:
+        for leftover in ("out.txt", "out.align", "back.txt"):
+            (tmp_path / leftover).unlink(missing_ok=True)
+        result = subprocess.run(
+            command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+        output = re.search(r"--output_file (\S+)", command)[1]
+        source = re.search(r"--input_file (\S+)", command)[1]
+        assert len((tmp_path / output).read_text(encoding="utf-8").splitlines()) == len(
+            (tmp_path / source).read_text(encoding="utf-8").splitlines()
+        ), command
