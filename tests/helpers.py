@@ -143,12 +143,12 @@ def sources(seed: int, sentences: int = 12) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
-def varied_model_folder(path: Path) -> Path:
+def varied_model_folder(path: Path, seed: int = 2) -> Path:
     """A tiny model folder at ``path`` whose random model's outputs differ by input (larger tied
-    embeddings), with :func:`word_tokenizer`'s tokenizer."""
+    embeddings), with :func:`word_tokenizer`'s tokenizer; another ``seed``, other weights."""
     from hf_vanilla.hub.folder import save_model_folder
 
-    model = tiny_model(seed=2)
+    model = tiny_model(seed=seed)
     with torch.no_grad():
         model.model.shared.weight.mul_(3)
     save_model_folder(model, word_tokenizer(), path)

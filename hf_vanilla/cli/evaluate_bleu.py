@@ -17,6 +17,8 @@ compound splitting (hf_vanilla.analysis.tokenized_bleu; docs/reproducing.md, "Ho
 <output_dir>/<split>.results.json (scores, sacreBLEU signatures, decoding settings and seconds), which
 hf-vanilla-publish puts on the model card. Prints BLEU, chrF and the decoding time; compare stopping
 rules with --early_stopping never|true|false. Existing result files are kept unless --overwrite is given.
+With --ensemble B,C it scores the ensemble of --model_name_or_path, B and C (as hf-vanilla-translate
+decodes it); its results name the members and have no weights fingerprint, so publish takes none.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def _run(argv: list[str]) -> None:
         result_files,
     )
     from hf_vanilla.data.loading import load_from_args, pair_location
-    from hf_vanilla.inference.loading import load_model_and_tokenizer
+    from hf_vanilla.inference.loading import load_for_translation
     from hf_vanilla.inference.translation import InputTooLongError, check_batching
 
     if eval_args.bleu_tokenize != "auto":
@@ -136,7 +138,7 @@ def _run(argv: list[str]) -> None:
         sources, references = parallel_columns(data[split], src, tgt)
         dataset_name = data_args.dataset_name or "local files"
     bleu_tokenize, bleu_note = choose_bleu_tokenize(eval_args.bleu_tokenize, references)
-    model, tokenizer = load_model_and_tokenizer(model_args, allow_ctranslate2=True)
+    model, tokenizer = load_for_translation(model_args)
     try:
         results, path = evaluate_split_into(
             output_dir,
@@ -147,7 +149,9 @@ def _run(argv: list[str]) -> None:
             split=split,
             source_lang=src,
             target_lang=tgt,
-            model_name=model_args.model_name_or_path,
+            model_name=model_args.model_name_or_path
+            if model_args.ensemble is None
+            else f"ensemble of {model_args.model_name_or_path},{model_args.ensemble}",
             dataset_name=eval_args.dataset_display_name or dataset_name,
             options=decoding,
             batch_size=model_args.batch_size,

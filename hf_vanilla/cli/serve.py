@@ -4,7 +4,9 @@ hf-vanilla-serve --model_dir runs/base                       # http://127.0.0.1:
 curl -s localhost:8000/translate -H 'Content-Type: application/json' -d '{"texts": ["Hello world."]}'
 
 POST /translate takes {"texts": [...]} and any decoding option below (num_beams, length_penalty, ...;
-the flags given here are the defaults), max_length and nbest. GET /health says the server is up.
+the flags given here are the defaults), max_length, nbest, target_prefixes (one per text), alignments
+and split_sentences. --ensemble B,C serves the ensemble of --model_dir, B and C. GET /health says the
+server is up.
 Concurrent requests are translated together (--max_batch_tokens, --max_wait_ms). With the environment
 variable HF_VANILLA_API_KEY set, /translate asks for the header 'Authorization: Bearer <key>'.
 SIGTERM stops taking requests, answers those already taken, and exits 0. See docs/serving.md.
@@ -55,12 +57,12 @@ def _run(argv: list[str]) -> None:
         raise ImportError(
             f"hf-vanilla-serve needs FastAPI and uvicorn ({err}): pip install 'hf_vanilla[serve]'."
         ) from err
-    from hf_vanilla.inference.loading import load_model_and_tokenizer
+    from hf_vanilla.inference.loading import load_for_translation
     from hf_vanilla.inference.translation import check_batching
 
     check_batching(model_args.batch_size, model_args.max_tokens)
     listener = _listen(options.host, options.port)  # before loading the model
-    model, tokenizer = load_model_and_tokenizer(model_args, allow_ctranslate2=True)
+    model, tokenizer = load_for_translation(model_args)
     api_key = os.environ.get(API_KEY_VARIABLE) or None
     if api_key is None and options.host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning(

@@ -88,14 +88,6 @@ class IOArguments:
             "bound)."
         },
     )
-    ensemble: str | None = field(
-        default=None,
-        metadata={
-            "help": "More model folders, separated by commas (e.g. runs/b,runs/c): translate with the ensemble of "
-            "--model_name_or_path and these, their next-token distributions averaged at every step of the search. "
-            "Same vocabulary; transformers backend."
-        },
-    )
 
 
 def _run(argv: list[str]) -> None:
@@ -149,20 +141,17 @@ def _run(argv: list[str]) -> None:
             parts.merge_parts(plan, io.output_file, io.alignment_file, sharding.num_shards)
             return
         model_args.device = parts.rank_device(model_args.device)
-    if io.ensemble is not None:
-        from hf_vanilla.inference.ensemble import load_ensemble, parse_ensemble
-
-        folders = parse_ensemble(io.ensemble)
-        model, tokenizer = load_ensemble(model_args, folders)
-        described = f"ensemble of {len(folders) + 1} models, {decoding.describe()}"
-    elif resolve_backend(model_args) == "ctranslate2":
-        model, tokenizer = load_ctranslate2_and_tokenizer(model_args)
+    if model_args.ensemble is None and resolve_backend(model_args) == "ctranslate2":
+        model, tokenizer = load_ctranslate2_and_tokenizer(model_args)  # without importing torch
         described = model.describe(decoding)
     else:
-        from hf_vanilla.inference.loading import load_model_and_tokenizer
+        from hf_vanilla.inference.ensemble import EnsembleModel
+        from hf_vanilla.inference.loading import load_for_translation
 
-        model, tokenizer = load_model_and_tokenizer(model_args)
+        model, tokenizer = load_for_translation(model_args)
         described = decoding.describe()
+        if isinstance(model, EnsembleModel):
+            described = f"ensemble of {len(model.members)} models, {described}"
     logging.getLogger(__name__).info("Decoding: %s", described)
     stream = functools.partial(
         translate_stream,

@@ -17,6 +17,7 @@ from hf_vanilla.io.checkpoints import deleted_while_read
 __all__ = [
     "DTYPES",
     "check_dtype",
+    "load_for_translation",
     "load_model_and_tokenizer",
     "resolve_device",
 ]
@@ -67,6 +68,18 @@ def load_model_and_tokenizer(
     )
     model = quantize_loaded(model.to(device), args.quantization).eval()
     return model, tokenizer
+
+
+def load_for_translation(args: InferenceModelArguments) -> tuple[Any, Any]:
+    """The model and tokenizer that translate, evaluate, the server and :class:`Translator` decode with:
+    ``args.model_name_or_path`` alone (a transformers folder or a CTranslate2 export, as
+    :func:`load_model_and_tokenizer` loads it), or with ``args.ensemble`` (more folders, comma-separated)
+    the ensemble of all of them (:func:`hf_vanilla.inference.ensemble.load_ensemble`)."""
+    if args.ensemble is None:
+        return load_model_and_tokenizer(args, allow_ctranslate2=True)
+    from hf_vanilla.inference.ensemble import load_ensemble, parse_ensemble
+
+    return load_ensemble(args, parse_ensemble(args.ensemble))
 
 
 def check_dtype(dtype: torch.dtype, device: torch.device) -> None:

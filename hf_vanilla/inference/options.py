@@ -253,6 +253,14 @@ class InferenceModelArguments:
         default=False,
         metadata={"help": "Allow code shipped with a Hub model (not needed with hf_vanilla installed)."},
     )
+    ensemble: str | None = field(
+        default=None,
+        metadata={
+            "help": "More model folders, separated by commas (e.g. runs/b,runs/c): translate with the ensemble of "
+            "--model_name_or_path and these, their next-token distributions averaged at every step of the search. "
+            "Same vocabulary; transformers backend."
+        },
+    )
 
 
 @dataclass

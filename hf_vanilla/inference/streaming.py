@@ -18,6 +18,7 @@ from hf_vanilla.inference.options import DecodingOptions
 from hf_vanilla.inference.translation import (
     InputTooLongError,
     TargetPrefixError,
+    format_alignment,
     format_nbest,
     translate_nbest,
 )
@@ -173,8 +174,9 @@ def translate_stream(
                 ) from None
             for index, hypotheses in enumerate(translated, start=count):
                 if alignment_stream is not None:
-                    pairs = hypotheses[0].alignment if hypotheses else []
-                    alignment_stream.write(" ".join(f"{source}-{target}" for source, target in pairs) + "\n")
+                    alignment_stream.write(
+                        format_alignment(hypotheses[0].alignment if hypotheses else None) + "\n"
+                    )
                 if nbest is None:
                     out_stream.write((hypotheses[0].text if hypotheses else "") + "\n")
                 else:

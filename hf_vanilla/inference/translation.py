@@ -54,10 +54,12 @@ __all__ = [
     "TranslationOutOfMemoryError",
     "check_batching",
     "check_input_length",
+    "format_alignment",
     "format_nbest",
     "longest_input",
     "one_line",
     "sentence_splitter",
+    "target_prefix_ids",
     "translate",
     "translate_nbest",
 ]
@@ -194,7 +196,7 @@ class TargetPrefixError(ValueError):
         super().__init__(f"{where}, line {index + 1}: {reason}")
 
 
-def _prefix_ids(
+def target_prefix_ids(
     model: Any,
     tokenizer: Any,
     sentences: Sequence[str],
@@ -202,9 +204,10 @@ def _prefix_ids(
     lengths: dict[int, int],
     generate_kwargs: dict[str, Any],
 ) -> dict[int, list[int]]:
-    """The target-prefix token ids of each sentence to translate (no special token; ``[]`` for a blank
-    prefix), checked: one prefix per sentence, none for a blank sentence, and each shorter than the
-    sentence's output length bound (room for ``</s>``)."""
+    """The target-prefix token ids of each sentence to translate (the keys of ``lengths``, its source
+    tokens; no special token; ``[]`` for a blank prefix), checked: one prefix per sentence, none for a
+    blank sentence, and each shorter than the sentence's output length bound (room for ``</s>``); a bad
+    prefix raises :class:`TargetPrefixError`. Nothing is decoded: the server checks requests with it."""
     if prefixes is None:
         return {i: [] for i in lengths}
     if len(prefixes) != len(sentences):
@@ -425,7 +428,7 @@ def translate_nbest(
     lengths = {i: len(row) for i, row in ids.items()}
     for i in todo:
         check_input_length(model, tokenizer, lengths[i], i)
-    prefix_ids = _prefix_ids(model, tokenizer, sentences, prefixes, lengths, generate_kwargs)
+    prefix_ids = target_prefix_ids(model, tokenizer, sentences, prefixes, lengths, generate_kwargs)
     order = sorted(todo, key=lambda i: lengths[i], reverse=True)
     groups = sorted({len(prefix) for prefix in prefix_ids.values()})
     done = 0
@@ -539,3 +542,9 @@ def format_nbest(index: int, hypotheses: list[Hypothesis]) -> str:
     if not hypotheses:
         return f"{index}\t\t\n"
     return "".join(f"{index}\t{hypothesis.score:.4f}\t{hypothesis.text}\n" for hypothesis in hypotheses)
+
+
+def format_alignment(pairs: Sequence[tuple[int, int]] | None) -> str:
+    """A hard alignment as one line of ``SRC-TGT`` token index pairs (fairseq's and fast_align's format;
+    ``""`` for none): the alignment file's lines and the :class:`Translator`'s alignment column."""
+    return " ".join(f"{source}-{target}" for source, target in pairs or ())

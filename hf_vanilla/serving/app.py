@@ -1,13 +1,16 @@
 """The translation server: a FastAPI application over a loaded model (either backend).
 
 ``POST /translate`` takes ``{"texts": [...]}`` and any of :class:`DecodingOptions`' fields (the server's
-own settings are the defaults), ``max_length`` and ``nbest``; ``GET /health`` says the server is up;
+own settings are the defaults), ``max_length``, ``nbest``, ``target_prefixes`` (one per text),
+``alignments`` and ``split_sentences``, as the translate command's flags of those names; ``GET /health``
+says the server is up;
 ``/docs`` and ``/openapi.json`` describe both. Requests are checked on arrival (each text's length
-against the model's longest input, as the translate command checks it) and translated by one
+against the model's longest input, each target prefix against its output bound, as the translate command
+checks them) and translated by one
 :class:`~hf_vanilla.serving.batcher.RequestBatcher`. Every refusal is a JSON object ``{"error": "<one
 line>"}``: 400 for a body that is not JSON, 401 for a missing or wrong API key, 413 for a body over
-the size cap, 422 for fields of the wrong type or value, 503 with ``Retry-After`` when too many requests
-wait.
+the size cap, 422 for fields of the wrong type or value, 501 for sentence splitting on a server without
+pysbd, 503 with ``Retry-After`` when too many requests wait.
 """
 
 import asyncio
@@ -32,8 +35,11 @@ from hf_vanilla.inference.ctranslate2 import CTranslate2Model
 from hf_vanilla.inference.options import DecodingOptions, Hypothesis, check_nbest
 from hf_vanilla.inference.translation import (
     InputTooLongError,
+    TargetPrefixError,
     TranslationOutOfMemoryError,
     check_input_length,
+    sentence_splitter,
+    target_prefix_ids,
     translate_nbest,
 )
 from hf_vanilla.serving.batcher import QueueFullError, RequestBatcher
@@ -55,13 +61,18 @@ _REFUSALS: dict[int | str, dict[str, Any]] = {
     401: {"description": "Missing or wrong API key."},
     413: {"description": "The body is over the size cap."},
     422: {
-        "description": "A field of the wrong type or value, a blank text, too many texts, a text too long."
+        "description": "A field of the wrong type or value, a blank text, too many texts, a text too long, a "
+        "target prefix too long, options that do not go together."
     },
+    501: {"description": "split_sentences on a server without pysbd."},
     503: {"description": "Too many requests wait: retry after Retry-After seconds."},
 }
 
+#: A batch's settings: decoding, max_length, nbest, alignments, split_sentences.
+_Settings = tuple[DecodingOptions, int | None, int | None, bool, str | None]
+
 #: Fields of a request besides the texts and the decoding options.
-_REQUEST_ONLY = ("texts", "max_length", "nbest")
+_REQUEST_ONLY = ("texts", "max_length", "nbest", "target_prefixes", "alignments", "split_sentences")
 
 
 def _decoding_fields() -> dict[str, Any]:
@@ -82,6 +93,11 @@ class TranslateResponse(BaseModel):
     translations: list[str] = Field(description="One translation per text, in order.")
     nbest: list[list[Translation]] | None = Field(
         None, description="With nbest: each text's best translations and their scores, best first."
+    )
+    alignments: list[list[tuple[int, int]]] | None = Field(
+        None,
+        description="With alignments: each translation's hard alignment, [source token, target token] "
+        "index pairs (the translate command's --alignment_file).",
     )
 
 
@@ -184,14 +200,40 @@ def create_app(
     checker = copy.deepcopy(tokenizer)  # the requests' length checks never share the worker's tokenizer
     backend = "ctranslate2" if isinstance(model, CTranslate2Model) else "transformers"
 
-    def run(
-        settings: tuple[DecodingOptions, int | None, int | None], texts: list[str]
-    ) -> list[list[Hypothesis]]:
-        decoding, max_length, nbest = settings
+    def generate_kwargs(max_length: int | None) -> dict[str, int]:
+        return {} if max_length is None else {"max_new_tokens": max_length}
+
+    def run(settings: _Settings, items: list[tuple[str, str]]) -> list[list[Hypothesis]]:
+        """Translate the (text, target prefix) pairs of the requests batched together."""
+        decoding, max_length, nbest, alignments, split = settings
+        texts, prefixes = [text for text, _ in items], [prefix for _, prefix in items]
         return translate_nbest(
-            model, tokenizer, texts, decoding, batch_size, device,
-            {} if max_length is None else {"max_new_tokens": max_length}, nbest, max_tokens,
+            model, tokenizer, texts, decoding, batch_size, device, generate_kwargs(max_length), nbest,
+            max_tokens, prefixes if any(prefixes) else None, alignments, split,
         )  # fmt: skip
+
+    splitters: dict[str, Callable[[str], list[str]]] = {}
+
+    def source_lengths(texts: list[str], split: str | None) -> list[int]:
+        """Each text's source tokens, its sentences' with ``split``; a text or sentence longer than the
+        model's longest input is refused (422) before anything is translated."""
+        if split is None:
+            lengths = [len(ids) for ids in checker(texts)["input_ids"]]
+            for i, length in enumerate(lengths):
+                check_input_length(model, tokenizer, length, i, where=f"texts[{i}]")
+            return lengths
+        try:
+            splitter = splitters.get(split) or splitters.setdefault(split, sentence_splitter(split))
+        except ImportError as error:
+            raise HTTPException(501, f"this server cannot split sentences: {error}") from None
+        totals = []
+        for i, text in enumerate(texts):
+            sentences = splitter(text)[::2]
+            lengths = [len(ids) for ids in checker(sentences)["input_ids"]]
+            for length in lengths:
+                check_input_length(model, tokenizer, length, i, where=f"texts[{i}], one of its sentences")
+            totals.append(sum(lengths))
+        return totals
 
     batcher = RequestBatcher(run, options.max_batch_tokens, options.max_wait_ms / 1000, options.max_queue)
 
@@ -234,6 +276,26 @@ def create_app(
             int | None,
             Field(None, ge=1, description="Also return each text's N best translations with scores."),
         ),
+        target_prefixes=(
+            list[str] | None,
+            Field(
+                None,
+                description="One target prefix per text ('' for none): each translation starts with its "
+                "prefix's tokens and the rest is decoded (the translate command's --target_prefix_file).",
+            ),
+        ),
+        alignments=(
+            bool | None,
+            Field(None, description="Also return each translation's hard alignment (--alignment_file)."),
+        ),
+        split_sentences=(
+            str | None,
+            Field(
+                None,
+                description="A language code (en, de, fr, ...): split each text into its sentences with pysbd, "
+                "translate them and join them back (--split_sentences).",
+            ),
+        ),
         **_decoding_fields(),
     )
 
@@ -273,24 +335,63 @@ def create_app(
         for i, text in enumerate(texts):
             if not text.strip():
                 raise HTTPException(422, f"texts[{i}] is blank: send only texts with words in them.")
+        prefixes: list[str] = given.get("target_prefixes") or [""] * len(texts)
+        if len(prefixes) != len(texts):
+            raise HTTPException(
+                422, f"target_prefixes has {len(prefixes)} entries for {len(texts)} texts: give one per text "
+                "('' for none).",
+            )  # fmt: skip
+        nbest, alignments, split = (
+            given.get("nbest"),
+            bool(given.get("alignments")),
+            given.get("split_sentences"),
+        )
+        if split is not None:
+            joined = [name for name, value in (("nbest", nbest), ("target_prefixes", given.get("target_prefixes")),
+                      ("alignments", alignments or None)) if value is not None]  # fmt: skip
+            if joined:
+                raise HTTPException(
+                    422, f"split_sentences joins one translation per sentence back into its text: leave out "
+                    f"{', '.join(joined)}.",
+                )  # fmt: skip
+        if alignments and isinstance(model, CTranslate2Model) and not model.attention_aligns:
+            raise HTTPException(
+                422, "alignments: this server's CTranslate2 export keeps CTranslate2's default attention, not "
+                "the heads alignments average: its operator can export it again with hf-vanilla-export-ct2.",
+            )  # fmt: skip
         try:
             decoding = DecodingOptions(
                 **{**asdict(defaults), **{k: v for k, v in given.items() if k not in _REQUEST_ONLY}}
             )
-            check_nbest(given.get("nbest"), decoding.num_beams, decoding.do_sample)
-            lengths = [len(ids) for ids in checker(texts)["input_ids"]]
-            for i, length in enumerate(lengths):
-                check_input_length(model, tokenizer, length, i, where=f"texts[{i}]")
+            check_nbest(nbest, decoding.num_beams, decoding.do_sample)
+            lengths = source_lengths(texts, split)
+            if any(prefixes):
+                target_prefix_ids(
+                    model,
+                    checker,
+                    texts,
+                    prefixes,
+                    dict(enumerate(lengths)),
+                    generate_kwargs(given.get("max_length")),
+                )
         except InputTooLongError as error:
             raise HTTPException(
                 422, str(error).replace("Split the sentence.", "Send it in shorter pieces.")
             ) from None
+        except TargetPrefixError as error:
+            raise HTTPException(422, f"target_prefixes[{error.index}]: {error.reason}") from None
         except ValueError as error:
             raise HTTPException(422, str(error)) from None
-        settings = (decoding, given.get("max_length"), given.get("nbest"))
-        key = json.dumps([asdict(decoding), settings[1], settings[2]], sort_keys=True)
+        settings: _Settings = (decoding, given.get("max_length"), nbest, alignments, split)
+        key = json.dumps([asdict(decoding), *settings[1:]], sort_keys=True)
         try:
-            future = batcher.submit(texts, sum(lengths), key, settings, alone=decoding.seed is not None)
+            future = batcher.submit(
+                list(zip(texts, prefixes, strict=True)),
+                sum(lengths),
+                key,
+                settings,
+                alone=decoding.seed is not None,
+            )
         except QueueFullError as error:
             raise HTTPException(503, str(error), headers={"Retry-After": str(error.retry_after)}) from None
         try:
@@ -301,11 +402,13 @@ def create_app(
             ) from None
         except ValueError as error:
             raise HTTPException(422, str(error)) from None
-        translations = [best[0].text if best else "" for best in hypotheses]
-        if settings[2] is None:
-            return TranslateResponse(translations=translations)
-        nbest = [[Translation(text=h.text, score=h.score) for h in best] for best in hypotheses]
-        return TranslateResponse(translations=translations, nbest=nbest)
+        return TranslateResponse(
+            translations=[best[0].text if best else "" for best in hypotheses],
+            nbest=None
+            if nbest is None
+            else [[Translation(text=h.text, score=h.score) for h in best] for best in hypotheses],
+            alignments=[best[0].alignment or [] for best in hypotheses] if alignments else None,
+        )
 
     app.add_exception_handler(RequestValidationError, refuse_invalid)
     app.add_exception_handler(HTTPException, refuse)

@@ -34,7 +34,7 @@ class QueueFullError(RuntimeError):
 
 @dataclass
 class _Job:
-    texts: list[str]
+    texts: list[Any]  # what ``run`` takes per text (the server: a text and its target prefix)
     tokens: int
     key: Hashable
     settings: Any
@@ -46,13 +46,14 @@ class _Job:
 class RequestBatcher:
     """Translate submitted requests on one worker thread, several at a time.
 
-    ``run(settings, texts)`` translates ``texts`` with one request's ``settings`` and returns one result
-    per text; requests are batched only with others of an equal ``key``.
+    ``run(settings, texts)`` translates ``texts`` (strings, or whatever ``run`` takes per text) with one
+    request's ``settings`` and returns one result per text; requests are batched only with others of an
+    equal ``key``.
     """
 
     def __init__(
         self,
-        run: Callable[[Any, list[str]], list[Any]],
+        run: Callable[[Any, list[Any]], list[Any]],
         max_batch_tokens: int,
         max_wait: float,
         max_queue: int,
@@ -81,7 +82,7 @@ class RequestBatcher:
         return len(self._waiting)
 
     def submit(
-        self, texts: list[str], tokens: int, key: Hashable, settings: Any, alone: bool = False
+        self, texts: list[Any], tokens: int, key: Hashable, settings: Any, alone: bool = False
     ) -> Future:
         """Queue a request of ``texts`` (``tokens`` source tokens in all); the future gets ``run``'s
         results for them. ``alone``: never batched with another request (seeded sampling)."""

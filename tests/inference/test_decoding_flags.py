@@ -415,12 +415,7 @@ def test_a_sentence_too_long_is_named_by_its_input_line(folder: Path) -> None:
 @pytest.fixture(scope="module")
 def other(folder: Path) -> Path:
     """A second model folder with the same tokenizer as ``folder`` and other weights."""
-    from hf_vanilla.hub.folder import save_model_folder
-
-    model = tiny_model(seed=5)
-    with torch.no_grad():
-        model.model.shared.weight.mul_(3)
-    return save_model_folder(model, word_tokenizer(), folder.parent / "other")
+    return varied_model_folder(folder.parent / "other", seed=5)
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,94 @@ def test_a_batch_of_another_type_is_refused(translator: Translator) -> None:
         translator(np.array(LINES))
 
 
+def _cli(
+    folder: Path,
+    root: Path,
+    lines: list[str],
+    *flags: str,
+    prefixes: list[str] | None = None,
+    aligned: bool = False,
+) -> list[str]:
+    """hf-vanilla-translate's output lines for ``lines`` with ``flags``, a --target_prefix_file of
+    ``prefixes``, and where ``aligned`` its --alignment_file lines after them."""
+    (root / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    argv = ["--model_name_or_path", str(folder), "--device", "cpu", *flags, "--overwrite"]
+    argv += ["--input_file", str(root / "in.txt"), "--output_file", str(root / "out.txt")]
+    if prefixes is not None:
+        (root / "prefixes.txt").write_text("\n".join(prefixes) + "\n", encoding="utf-8")
+        argv += ["--target_prefix_file", str(root / "prefixes.txt")]
+    if aligned:
+        argv += ["--alignment_file", str(root / "alignments.txt")]
+    assert main(argv) == 0
+    outputs = (root / "out.txt").read_text(encoding="utf-8").splitlines()
+    return outputs + ((root / "alignments.txt").read_text(encoding="utf-8").splitlines() if aligned else [])
+
+
+def test_prefixes_and_alignments_come_and_go_as_columns(folder: Path, tmp_path: Path) -> None:
+    """A prefix column and an alignment column give the command's --target_prefix_file output and its
+    --alignment_file lines, in every batch kind."""
+    prefixes = ["w9", "", "", "w30 w31", "", "", "w2"]
+    expected = _cli(
+        folder, tmp_path, LINES, "--num_beams", "2", "--max_length", "6", prefixes=prefixes, aligned=True
+    )
+    translations, alignments = expected[: len(LINES)], expected[len(LINES) :]
+    assert translations[0].startswith("w9") and translations[3].startswith("w30 w31")
+    assert alignments[1] == "" and all(alignments[i] for i in (0, 3, 4))
+    translator = Translator(
+        str(folder), decoding=DecodingOptions(num_beams=2), max_length=6, device="cpu", batch_size=3,
+        prefix_column="prefix", alignment_column="alignment",
+    )  # fmt: skip
+    frame = translator(pd.DataFrame({"text": LINES, "prefix": prefixes}))
+    assert frame["translation"].tolist() == translations and frame["alignment"].tolist() == alignments
+    table = translator(pa.table({"text": LINES, "prefix": prefixes}))
+    assert table.column_names == ["text", "prefix", "translation", "alignment"]
+    assert table.column("alignment").to_pylist() == alignments
+    columns = translator({"text": np.array(LINES, dtype=object), "prefix": np.array(prefixes, dtype=object)})
+    assert columns["translation"].tolist() == translations
+    assert translator.translate(LINES, prefixes) == translations
+
+
+def test_sentence_splitting_and_ensembles_are_the_command_s(folder: Path, tmp_path: Path) -> None:
+    pytest.importorskip("pysbd")
+    paragraphs = ["w4 w5. w7!  w6 w7 w8?", "", "w9 w10"]
+    split = Translator(str(folder), decoding=DecodingOptions(num_beams=2), device="cpu", split_sentences="en")
+    assert split(paragraphs) == _cli(
+        folder, tmp_path, paragraphs, "--num_beams", "2", "--split_sentences", "en"
+    )
+    other = varied_model_folder(tmp_path / "other", seed=5)
+    ensembled = Translator(
+        str(folder), decoding=DecodingOptions(num_beams=2), device="cpu", ensemble=str(other)
+    )
+    expected = _cli(folder, tmp_path, LINES, "--num_beams", "2", "--ensemble", str(other))
+    assert ensembled(LINES) == expected
+    assert expected != _cli(folder, tmp_path, LINES, "--num_beams", "2")  # the second model counted
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        (
+            {"split_sentences": "en", "prefix_column": "p"},
+            "split_sentences joins one translation per sentence",
+        ),
+        ({"split_sentences": "xx"}, "pysbd splits"),
+        ({"output_column": "text"}, "repeat a name"),
+    ],
+)
+def test_options_that_cannot_work_are_refused_before_loading(
+    tmp_path: Path, options: dict[str, str], fragment: str
+) -> None:
+    pytest.importorskip("pysbd")
+    with pytest.raises(ValueError, match=fragment):
+        Translator(str(tmp_path / "no model here"), **options)
+
+
+def test_a_missing_prefix_column_is_refused(folder: Path) -> None:
+    translator = Translator(str(folder), device="cpu", prefix_column="prefix")
+    with pytest.raises(ValueError, match="no column 'prefix'"):
+        translator(pd.DataFrame({"text": ["w4"]}))
+
+
 @pytest.mark.slow
 def test_ray_data_map_batches_gives_the_command_s_output(
     folder: Path, expected: list[str], tmp_path: Path

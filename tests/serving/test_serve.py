@@ -118,6 +118,67 @@ def test_nbest_and_options_are_the_translate_command_s(
     assert got == expected
 
 
+def test_prefixes_alignments_and_sentence_splitting_are_the_translate_command_s(
+    folder: Path, loaded: tuple[object, object], tmp_path: Path
+) -> None:
+    """Two clients at once, one with target prefixes and alignments, get the command's outputs and
+    alignment lines; a request with split_sentences gets the command's --split_sentences output."""
+    texts = [*CLIENT_TEXTS[3], *CLIENT_TEXTS[5]]
+    prefixes = ["w9", "", "w30 w31", ""]
+    (tmp_path / "prefixes.txt").write_text("\n".join(prefixes) + "\n", encoding="utf-8")
+    expected = _cli_translations(
+        folder, texts, tmp_path, "--target_prefix_file", str(tmp_path / "prefixes.txt"),
+        "--alignment_file", str(tmp_path / "alignments.txt"),
+    )  # fmt: skip
+    alignments = (tmp_path / "alignments.txt").read_text(encoding="utf-8").splitlines()
+    assert expected[0].startswith("w9") and expected[2].startswith("w30 w31") and all(alignments)
+    plain = _cli_translations(folder, CLIENT_TEXTS[6], tmp_path)
+    requests = [
+        {"texts": texts, "target_prefixes": prefixes, "alignments": True},
+        {"texts": CLIENT_TEXTS[6], "alignments": True},
+    ]
+    replies: dict[int, object] = {}
+    with _client(loaded, max_wait_ms=500.0) as client:
+        start = threading.Barrier(len(requests))
+
+        def ask(r: int) -> None:
+            start.wait()
+            replies[r] = client.post("/translate", json=requests[r])
+
+        threads = [threading.Thread(target=ask, args=(r,)) for r in range(len(requests))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert client.get("/health").json()["batches"] == 1  # the request with prefixes joined the other
+        paragraphs = ["w4 w5. w7!  w6 w7 w8?", "w9 w10"]
+        split = client.post("/translate", json={"texts": paragraphs, "split_sentences": "en"})
+    got = replies[0].json()
+    assert got["translations"] == expected
+    assert [" ".join(f"{s}-{t}" for s, t in pairs) for pairs in got["alignments"]] == alignments
+    assert replies[1].json()["translations"] == plain and len(replies[1].json()["alignments"]) == 2
+    pytest.importorskip("pysbd")
+    assert split.status_code == 200, split.text
+    assert split.json()["translations"] == _cli_translations(
+        folder, paragraphs, tmp_path, "--split_sentences", "en"
+    )
+    assert "alignments" not in split.json() and "nbest" not in split.json()
+
+
+def test_an_ensemble_is_served_as_the_command_translates_it(folder: Path, tmp_path: Path) -> None:
+    from hf_vanilla.inference.loading import load_for_translation
+
+    other = varied_model_folder(tmp_path / "other", seed=5)
+    args = InferenceModelArguments(model_name_or_path=str(folder), device="cpu", ensemble=str(other))
+    texts = [text for texts in CLIENT_TEXTS for text in texts]
+    expected = _cli_translations(folder, texts, tmp_path, "--ensemble", str(other))
+    assert expected != _cli_translations(folder, texts, tmp_path)  # the second model counted
+    with _client(load_for_translation(args)) as client:
+        reply = client.post("/translate", json={"texts": texts})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["translations"] == expected
+
+
 def _one_line_error(reply: object, status: int) -> str:
     assert reply.status_code == status, reply.text
     error = reply.json()["error"]
@@ -151,6 +212,31 @@ BAD_REQUESTS = [
         "nbest 3 needs num_beams >= 3",
     ),
     ("a body over the cap", json.dumps({"texts": ["w1 " * 200]}).encode(), 413, "over 500 bytes"),
+    (
+        "not one prefix per text",
+        b'{"texts": ["w1", "w2"], "target_prefixes": ["w3"]}',
+        422,
+        "target_prefixes has 1 entries for 2 texts",
+    ),
+    (
+        "a prefix over the output bound",
+        json.dumps({"texts": ["w1"], "target_prefixes": ["w2 " * 60]}).encode(),
+        422,
+        "target_prefixes[0]: the prefix has 60 tokens",
+    ),
+    (
+        "sentence splitting with nbest and alignments",
+        b'{"texts": ["w1"], "split_sentences": "en", "nbest": 1, "alignments": true}',
+        422,
+        "leave out nbest, alignments",
+    ),
+    ("an unknown splitting language", b'{"texts": ["w1"], "split_sentences": "xx"}', 422, "pysbd splits"),
+    (
+        "a sentence over the longest input",
+        json.dumps({"texts": ["w1. " + "w2 " * 80], "split_sentences": "en"}).encode(),
+        422,
+        "texts[0], one of its sentences: 81 tokens",
+    ),
 ]
 
 
