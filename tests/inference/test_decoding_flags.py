@@ -531,6 +531,44 @@ def test_the_cli_translates_with_an_ensemble_and_refuses_what_cannot_be_ensemble
     assert refused("--ensemble", str(other), "--backend", "ctranslate2").startswith(message)
 
 
+def test_evaluate_scores_an_ensemble_as_translate_decodes_it(
+    folder: Path, other: Path, tmp_path: Path
+) -> None:
+    """hf-vanilla-evaluate --ensemble writes the translate command's ensemble output as its hypotheses, and
+    its results name the members and record no weights fingerprint (so publish refuses them)."""
+    import json
+
+    from hf_vanilla.cli.evaluate_bleu import main as evaluate
+    from hf_vanilla.cli.translate import main as translate_main
+
+    sources, references = ["w4 w5", "w7", "w9 w10 w11"], ["w1 w2", "w3", "w4 w5"]
+    (tmp_path / "val.de").write_text("\n".join(sources) + "\n")
+    (tmp_path / "val.en").write_text("\n".join(references) + "\n")
+    (tmp_path / "in.txt").write_text("\n".join(sources) + "\n")
+    common = [
+        "--model_name_or_path",
+        str(folder),
+        "--ensemble",
+        str(other),
+        "--num_beams",
+        "2",
+        "--device",
+        "cpu",
+    ]
+    assert (
+        translate_main(
+            [*common, "--input_file", str(tmp_path / "in.txt"), "--output_file", str(tmp_path / "out")]
+        )
+        == 0
+    )
+    data = ["--validation_files", str(tmp_path / "val"), "--source_lang", "de", "--target_lang", "en"]
+    assert evaluate([*common, *data, "--split", "validation", "--output_dir", str(tmp_path / "eval")]) == 0
+    hypotheses = (tmp_path / "eval" / "validation.hyp.en").read_text().splitlines()
+    assert hypotheses == (tmp_path / "out").read_text().splitlines()
+    results = json.loads((tmp_path / "eval" / "validation.results.json").read_text())
+    assert results["model"] == f"ensemble of {folder},{other}" and results["model_sha256"] is None
+
+
 def test_an_ensemble_refuses_models_over_other_vocabularies() -> None:
     from hf_vanilla.inference.ensemble import ensemble
 
