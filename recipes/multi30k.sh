@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Multi30k (Task 1) German → English on CPU with a time budget (issue 3, "Real data, real numbers").
+# Multi30k (Task 1) German → English on CPU with a time budget.
 #
 #   bash recipes/multi30k.sh DATA_DIR OUT_DIR
 #   bash recipes/multi30k.sh /work/shared/data/multi30k /tmp/multi30k_runs/final
@@ -38,12 +38,12 @@
 # LAST_N (5), VOCAB_SIZE (8000), D_MODEL (256), LAYERS (3), HEADS (4), FFN_DIM (1024), MAX_TOKENS (4000),
 # WARMUP (400), LR (1e-3), MAX_GRAD_NORM (0), BF16 (auto; false: float32 everywhere), OMP_NUM_THREADS (2).
 # tests/cli/test_scripts.py runs the recipe with a tiny model and a few dozen steps.
-# Before issue 23 the recipe sorted the checkpoints itself with `sort -t- -k2 -n`, which splits on every
+# The recipe once sorted the checkpoints itself with `sort -t- -k2 -n`, which splits on every
 # `-` of the path: with a hyphen in OUT_DIR it averaged steps 720-960 of a 3,675-step run (BLEU 30.46)
 # and evaluated step 960 as "the last checkpoint".
 # Measured, run 3 (2026-12-01, commit c8de35a, these defaults): 50 min 53 s in all, validation BLEU
 # 39.50 averaged (38.59 last checkpoint), chrF 59.35. Runs 1 and 2 (2026-11-29, 38.11 and 39.22) clipped
-# gradients at norm 1.0 and decoded with early_stopping=True (the defaults before issue 12). docs/recipe.md,
+# gradients at norm 1.0 and decoded with early_stopping=True (the defaults then). docs/recipe.md,
 # "Real data", has the tables and the early-stopping comparison.
 set -euo pipefail
 

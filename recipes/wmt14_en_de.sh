@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The paper's experiment: WMT 2014 English → German, Transformer base or big (§5, §6.1, Table 2; issue 24).
+# The paper's experiment: WMT 2014 English → German, Transformer base or big (§5, §6.1, Table 2).
 #
 #   SIZE=base bash recipes/wmt14_en_de.sh OUT_DIR        # one machine, all its GPUs, DDP, bf16
 #   SIZE=big  bash recipes/wmt14_en_de.sh OUT_DIR

@@ -350,6 +350,25 @@ def test_no_issue_numbers_in_docs_or_benchmarks() -> None:
     assert not found, found
 
 
+def test_no_issue_numbers_in_code_comments_either() -> None:
+    """The same rule for the code, tests, scripts and recipes: a comment says what, not which issue."""
+    pattern = re.compile(r"\bissues? \d+", re.IGNORECASE)
+    files = [
+        path
+        for folder in ("hf_vanilla", "tests", "scripts", "recipes", "configs")
+        for path in sorted((ROOT / folder).rglob("*"))
+        if path.suffix in {".py", ".sh", ".md", ".yaml", ".toml"}
+    ]
+    assert len(files) > 100
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in files
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, found
+
+
 def test_paper_page_links_each_part_to_the_line_that_holds_it() -> None:
     """paper.md maps the paper to the code by links [`symbol`](file.py#Lnn): line nn of the file must name
     the symbol, so a link that a change has moved fails here (update its line number)."""

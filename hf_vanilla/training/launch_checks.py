@@ -131,7 +131,7 @@ def end_process_group() -> None:
       does), the group's last owner becomes the wrapper's C++ reducer. Freeing the wrapper later joins
       gloo's threads with the GIL held while that thread waits for the GIL: the process hangs
       (``~Reducer`` → ``~ProcessGroupGloo`` → ``thread::join`` in the main thread,
-      ``~AsyncAllgatherWork`` → ``gil_scoped_acquire`` in the worker; pytorch/pytorch issue 56297).
+      ``~AsyncAllgatherWork`` → ``gil_scoped_acquire`` in the worker; https://github.com/pytorch/pytorch/issues/56297).
     * Destroyed after the wrapper is gone, the last owner is torch's Python ``ProcessGroup``, whose
       destructor releases the GIL while it joins the threads: the worker finishes and the group ends.
 

@@ -1,4 +1,4 @@
-"""Every script of recipes/ and scripts/ run end to end as a user runs it, at tiny size (issue 23).
+"""Every script of recipes/ and scripts/ run end to end as a user runs it, at tiny size.
 
 Already run elsewhere, so not here: ``scripts/train.py`` (tests/cli/test_bad_input.py's ``world``, and
 tests/train_driver.py for the multi-process and fault tests), ``scripts/plot.py``

@@ -126,7 +126,7 @@ def test_swapped_files_are_caught(tmp_path: Path) -> None:
         load_local_files({"train": [str(tmp_path / "x.de"), str(tmp_path / "x.en")]}, "en", "de")
 
 
-# ---------------------------------------------------------------- the text streamed into Arrow (issue 24)
+# ---------------------------------------------------------------- the text streamed into Arrow
 
 
 def test_local_text_is_streamed_into_a_memory_mapped_arrow_file(tmp_path: Path) -> None:

@@ -84,7 +84,7 @@ def test_quick_demo_writes_everything_and_reports(tmp_path: Path) -> None:
 
 
 def _check_publish(out: Path, tmp_path: Path) -> None:
-    """hf-vanilla-publish takes the demo's own results and states what the demo recorded (issue 25)."""
+    """hf-vanilla-publish takes the demo's own results and states what the demo recorded."""
     record = json.loads((out / "training_record.json").read_text())
     tested = {line.split("\t")[0] for line in (out / "test_translations.tsv").read_text().splitlines()[1:]}
     assert (

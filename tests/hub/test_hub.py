@@ -553,7 +553,7 @@ def test_train_push_offline_is_one_line_and_keeps_the_folders(
     assert (args.dataset, args.dataset_id) == ("custom", "someone/pairs")
 
 
-# --- what the published card states: only what the model folder records (issue 25) --------------------------
+# --- what the published card states: only what the model folder records --------------------------
 
 
 def _files_naming(folder: Path, path: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""Beam and greedy search that stop decoding finished sentences (issue 27) return transformers' own
+"""Beam and greedy search that stop decoding finished sentences return transformers' own
 sequences."""
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def test_two_sharded_processes_match_one_process_with_adam_within_its_amplificat
     rounding noise in float32 — the error is amplified by 1 / |g|, up to an update of ±lr pointing
     either way when the element is pure noise (ε = 1e-9 is far below float32 rounding of typical
     gradients, so it does not damp it). This explains the 8e-5 with ε = 1e-9 against 1.2e-7 with SGD
-    reported in issue 18 (a setup not recorded).
+    reported once for a setup that was not recorded.
 
     The tolerance is that bound, per element: 1e-6 + Σ_t 3 · lr · δ_t / (|g_t| + ε), where g_t is the
     1-process gradient at step t, δ_t the largest gradient difference measured at step t (the 3 covers
@@ -261,7 +261,7 @@ def test_train_script_fsdp_folders_load_without_hf_vanilla(
 ) -> None:
     """The final model and a checkpoint of the FSDP2 run name and hold hf_vanilla's code (FSDP2 swaps the
     model's class for torch's ``FSDP<Name>``): they load with ``trust_remote_code=True`` where hf_vanilla
-    is not installed, as every model folder the project writes must (issue 13)."""
+    is not installed, as every model folder the project writes must."""
     fsdp = trainer_runs["fsdp"]
     for folder in (fsdp.out, fsdp.out / "checkpoint-2"):
         assert not list(folder.glob("_fsdp_*.py")), folder
