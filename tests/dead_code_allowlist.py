@@ -21,6 +21,7 @@ USED_FROM_OUTSIDE: dict[str, str] = {
     "capture_signals": "uvicorn.Server hook: the signal handlers while it serves",
     "should_exit": "uvicorn.Server attribute: stop taking requests",
     "force_exit": "uvicorn.Server attribute: stop at once",
+    "translations": "serving.app.TranslateResponse field, read by FastAPI when it writes the response",
     # transformers calls or reads these.
     "config_class": "PreTrainedModel / GenerationMixin class attribute",
     "base_model_prefix": "PreTrainedModel class attribute",
