@@ -120,3 +120,32 @@ def test_train_presets_are_the_configuration_presets() -> None:
     from hf_vanilla.training.options import PRESET_NAMES
 
     assert sorted(PRESET_NAMES) == sorted(PRESETS)
+
+
+@pytest.mark.parametrize(
+    "first_import",
+    [
+        "from hf_vanilla.speed import fast_paths",
+        "from hf_vanilla.speed.fast_paths import disabled",
+        "import hf_vanilla.speed.search",
+        "import hf_vanilla.speed.modeling",
+        "from hf_vanilla.models.vanilla_transformer import modeling_vanilla_transformer",
+    ],
+)
+def test_any_module_can_be_imported_first(first_import: str) -> None:
+    """A user's first import may be any module (docs/performance.md starts with ``from hf_vanilla.speed
+    import fast_paths``): the registration it sets off finds each module whole, and the Auto class is then
+    the installed package's."""
+    code = f"""
+{first_import}
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
+from hf_vanilla.speed.modeling import VanillaTransformerForConditionalGeneration
+model = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model("vanilla_transformer", d_model=16))
+assert type(model) is VanillaTransformerForConditionalGeneration, type(model)
+print("OK")
+"""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.stdout.strip() == "OK", result.stderr[-2000:]
