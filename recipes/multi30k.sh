@@ -35,7 +35,8 @@
 #
 # Knobs (environment variables; the defaults are the measured run's, but for BF16: those runs trained in
 # float32): TRAIN_MINUTES (50), MAX_STEPS (100000: the clock stops the run first), SAVE_STEPS (60),
-# LAST_N (5), VOCAB_SIZE (8000), D_MODEL (256), LAYERS (3), HEADS (4), FFN_DIM (1024), MAX_TOKENS (4000),
+# LAST_N (5), VOCAB_SIZE (8000), D_MODEL (256), LAYERS (3), HEADS (4), FFN_DIM (1024), DROPOUT (0.1),
+# MAX_TOKENS (4000),
 # WARMUP (400), LR (1e-3), MAX_GRAD_NORM (0), BF16 (auto; false: float32 everywhere), OMP_NUM_THREADS (2).
 # tests/cli/test_scripts.py runs the recipe with a tiny model and a few dozen steps.
 # The recipe once sorted the checkpoints itself with `sort -t- -k2 -n`, which splits on every
@@ -58,6 +59,7 @@ D_MODEL=${D_MODEL:-256}
 LAYERS=${LAYERS:-3}
 HEADS=${HEADS:-4}
 FFN_DIM=${FFN_DIM:-1024}
+DROPOUT=${DROPOUT:-0.1}
 MAX_TOKENS=${MAX_TOKENS:-4000}
 WARMUP=${WARMUP:-400}
 LR=${LR:-1e-3}
@@ -77,7 +79,7 @@ status=0
 timeout --signal=TERM "${TRAIN_MINUTES}m" python "$REPO/scripts/train.py" \
     --train_files "$DATA_DIR/train" --validation_files "$DATA_DIR/val" \
     --source_lang de --target_lang en --tokenizer_name_or_path "$OUT_DIR/tokenizer" \
-    --d_model "$D_MODEL" --layers "$LAYERS" --attention_heads "$HEADS" --ffn_dim "$FFN_DIM" --dropout 0.1 \
+    --d_model "$D_MODEL" --layers "$LAYERS" --attention_heads "$HEADS" --ffn_dim "$FFN_DIM" --dropout "$DROPOUT" \
     --label_smoothing 0.1 --max_tokens "$MAX_TOKENS" --warmup_steps "$WARMUP" --learning_rate "$LR" \
     --max_steps "$MAX_STEPS" \
     --max_grad_norm "$MAX_GRAD_NORM" --bf16 "$BF16" \
