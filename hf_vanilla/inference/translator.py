@@ -17,7 +17,12 @@ from typing import Any
 
 from hf_vanilla.inference.loading import load_for_translation
 from hf_vanilla.inference.options import DecodingOptions, Hypothesis, InferenceModelArguments
-from hf_vanilla.inference.translation import format_alignment, sentence_splitter, translate_nbest
+from hf_vanilla.inference.translation import (
+    TargetPrefixError,
+    format_alignment,
+    sentence_splitter,
+    translate_nbest,
+)
 
 __all__ = ["Translator"]
 
@@ -89,11 +94,18 @@ class Translator:
                         f"row {row} of the batch: column {column!r} holds {text!r}, not text; give a string "
                         "('' for none)."
                     )
-        found = translate_nbest(
-            self.model, self.tokenizer, list(texts), self.decoding, self.args.batch_size, self.args.device,
-            self.generate_kwargs, None, self.args.max_tokens, None if prefixes is None else list(prefixes),
-            alignments, self.split_sentences,
-        )  # fmt: skip
+        if prefixes is not None and len(prefixes) != len(texts):
+            raise ValueError(
+                f"{len(prefixes)} prefixes for {len(texts)} texts: give one per text ('' for none)."
+            )
+        try:
+            found = translate_nbest(
+                self.model, self.tokenizer, list(texts), self.decoding, self.args.batch_size, self.args.device,
+                self.generate_kwargs, None, self.args.max_tokens, None if prefixes is None else list(prefixes),
+                alignments, self.split_sentences,
+            )  # fmt: skip
+        except TargetPrefixError as error:
+            raise ValueError(f"row {error.index} of the batch: its target prefix: {error.reason}") from None
         return [best[0] if best else Hypothesis("", alignment=[] if alignments else None) for best in found]
 
     def translate(self, texts: Sequence[str], prefixes: Sequence[str] | None = None) -> list[str]:
@@ -102,6 +114,12 @@ class Translator:
 
     def __call__(self, batch: Any) -> Any:
         if isinstance(batch, (list, tuple)):
+            named = [name for name in (self.prefix_column, self.alignment_column) if name is not None]
+            if named:
+                raise ValueError(
+                    f"A list of texts has no columns for {', '.join(map(repr, named))}: pass a dict of columns, "
+                    "a pandas DataFrame or a pyarrow Table, or call translate(texts, prefixes)."
+                )
             return self.translate(batch)
         kind = type(batch).__module__.split(".")[0]
         if isinstance(batch, Mapping):  # Ray Data's default: a dict of NumPy arrays

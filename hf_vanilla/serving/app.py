@@ -335,7 +335,8 @@ def create_app(
         for i, text in enumerate(texts):
             if not text.strip():
                 raise HTTPException(422, f"texts[{i}] is blank: send only texts with words in them.")
-        prefixes: list[str] = given.get("target_prefixes") or [""] * len(texts)
+        given_prefixes: list[str] | None = given.get("target_prefixes")
+        prefixes = [""] * len(texts) if given_prefixes is None else given_prefixes
         if len(prefixes) != len(texts):
             raise HTTPException(
                 422, f"target_prefixes has {len(prefixes)} entries for {len(texts)} texts: give one per text "

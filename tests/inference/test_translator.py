@@ -175,6 +175,17 @@ def test_a_missing_prefix_column_is_refused(folder: Path) -> None:
     translator = Translator(str(folder), device="cpu", prefix_column="prefix")
     with pytest.raises(ValueError, match="no column 'prefix'"):
         translator(pd.DataFrame({"text": ["w4"]}))
+    with pytest.raises(ValueError, match="A list of texts has no columns for 'prefix'"):
+        translator(["w4"])
+
+
+def test_bad_prefixes_are_refused_by_row(folder: Path) -> None:
+    """A prefix that leaves no room for </s> is named by its row, not by the command's flag."""
+    translator = Translator(str(folder), device="cpu", prefix_column="prefix")
+    with pytest.raises(ValueError, match=r"^row 1 of the batch: its target prefix: the prefix has 60 tokens"):
+        translator({"text": ["w4", "w5"], "prefix": ["", "w2 " * 60]})
+    with pytest.raises(ValueError, match=r"^1 prefixes for 2 texts"):
+        translator.translate(["w4", "w5"], ["w1"])
 
 
 @pytest.mark.slow

@@ -218,6 +218,7 @@ BAD_REQUESTS = [
         422,
         "target_prefixes has 1 entries for 2 texts",
     ),
+    ("an empty prefix list", b'{"texts": ["w1"], "target_prefixes": []}', 422, "has 0 entries for 1 texts"),
     (
         "a prefix over the output bound",
         json.dumps({"texts": ["w1"], "target_prefixes": ["w2 " * 60]}).encode(),
