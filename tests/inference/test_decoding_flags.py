@@ -565,6 +565,14 @@ def test_evaluate_scores_an_ensemble_as_translate_decodes_it(
     assert evaluate([*common, *data, "--split", "validation", "--output_dir", str(tmp_path / "eval")]) == 0
     hypotheses = (tmp_path / "eval" / "validation.hyp.en").read_text().splitlines()
     assert hypotheses == (tmp_path / "out").read_text().splitlines()
+    alone = ["--model_name_or_path", str(folder), "--num_beams", "2", "--device", "cpu"]
+    assert (
+        translate_main(
+            [*alone, "--input_file", str(tmp_path / "in.txt"), "--output_file", str(tmp_path / "alone")]
+        )
+        == 0
+    )
+    assert hypotheses != (tmp_path / "alone").read_text().splitlines()  # the ensemble, not the first model
     results = json.loads((tmp_path / "eval" / "validation.results.json").read_text())
     assert results["model"] == f"ensemble of {folder},{other}" and results["model_sha256"] is None
 
