@@ -338,9 +338,14 @@ READER_FILES = [
 ]
 
 
+#: An issue's number: the word and a number, or a hash and a number (not an anchor, an upstream
+#: repository's issue or an HTML entity).
+ISSUE_NUMBER = re.compile(r"\bissues? \d+|(?<![\w&/])(?<!\]\()#\d+\b(?!-)", re.IGNORECASE)
+
+
 def test_no_issue_numbers_in_docs_or_benchmarks() -> None:
     """Say what, not which issue: a reader cannot follow an issue number."""
-    pattern = re.compile(r"\bissues? \d+|(?<![\w&/])(?<!\]\()#\d+\b(?!-)", re.IGNORECASE)  # not an anchor
+    pattern = ISSUE_NUMBER
     found = [
         f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
         for path in READER_FILES
@@ -352,7 +357,7 @@ def test_no_issue_numbers_in_docs_or_benchmarks() -> None:
 
 def test_no_issue_numbers_in_code_comments_either() -> None:
     """The same rule for the code, tests, scripts and recipes: a comment says what, not which issue."""
-    pattern = re.compile(r"\bissues? \d+", re.IGNORECASE)
+    pattern = ISSUE_NUMBER
     files = [
         path
         for folder in ("hf_vanilla", "tests", "scripts", "recipes", "configs")

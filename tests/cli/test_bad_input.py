@@ -268,7 +268,7 @@ def _publish() -> Callable[[World, Path], list[str]]:
     return argv
 
 
-# Round two: scenes for the number, weight and config cases
+# Scenes for the number, weight and config cases
 def _nan_weights(world: World, tmp: Path, source: Path | None = None, name: str = "model") -> Path:
     """A copy of the model (or of ``source``) with a NaN and (2 layers) an inf weight, as a diverged run saves."""
     folder = Path(shutil.copytree(source or world.model, tmp / name))
@@ -605,7 +605,7 @@ CLI_CASES: dict[str, Case] = {
         "--max_tokens 99999999999999999999: too large",
         lambda w, t: _file(t),
     ),
-    # Round two: checkpoints and runs
+    # Checkpoints and runs
     "--max_steps 0": Case(
         "train", _train("--max_steps", "0"), "--max_steps 0 trains nothing", lambda w, t: _file(t)
     ),
@@ -627,7 +627,7 @@ CLI_CASES: dict[str, Case] = {
         "After training step 1 the weights hold",
         lambda w, t: _file(t),
     ),
-    # Round two: wording and inputs
+    # Wording and inputs
     "publish with another model's results": Case(
         "publish", _publish(), "scored other weights (model", lambda w, t: _results(t, w.run)
     ),
@@ -699,7 +699,7 @@ CLI_CASES: dict[str, Case] = {
         "long.tsv, line 2: 70 tokens",
         lambda w, t: _long_validation(t),
     ),
-    # Round two: numbers, weights and configs
+    # Numbers, weights and configs
     "ct2: translate with a 300-token tokenizer": Case(
         "translate",
         _with_tokenizer(_translate("--overwrite", model="copy")),
@@ -882,7 +882,7 @@ CLI_CASES: dict[str, Case] = {
         "missing from the weights: lm_head.weight",
         lambda w, t: _edited_config(w, t, tie_word_embeddings=False),
     ),
-    # Round two: outputs and --overwrite
+    # Outputs and --overwrite
     "average --overwrite onto a file": Case(
         "average_checkpoints",
         _average("--overwrite", output="notes.txt"),
@@ -1198,7 +1198,7 @@ API_CASES: dict[str, tuple[Callable[[], Any], str]] = {
         lambda: translate(tiny_model(eos_token_id=3), word_tokenizer(), ["w1 w2"], device="cpu"),
         "eos_token_id is 2 in the tokenizer but 3 in the model",
     ),
-    # Round two: wording and inputs
+    # Wording and inputs
     "translate() with num_return_sequences=2": (
         lambda: translate(
             tiny_model(),
@@ -1217,7 +1217,7 @@ API_CASES: dict[str, tuple[Callable[[], Any], str]] = {
         lambda: translate_nbest(tiny_model(), word_tokenizer(), ["w1"], device="cpu", nbest=0),
         "--nbest 0: give at least 1",
     ),
-    # Round two: numbers, weights and configs
+    # Numbers, weights and configs
     "translate() with a NaN length penalty": (
         lambda: translate(
             tiny_model(), word_tokenizer(), ["w1"], DecodingOptions(length_penalty=float("nan"))
@@ -1489,7 +1489,7 @@ def test_train_push_to_hub_is_checked_in_one_line_before_any_work(
 
 
 # --------------------------------------------------------------------------------------------------
-# Round two: checkpoints and runs
+# Checkpoints and runs
 # --------------------------------------------------------------------------------------------------
 def test_checkpoints_are_kept_resumed_and_averaged_by_step_not_file_time(
     world: World, tmp_path: Path
@@ -1631,7 +1631,7 @@ def test_a_diverging_run_keeps_the_last_good_checkpoint_and_saves_nothing_non_fi
         assert all(torch.isfinite(t).all() for t in load_file(weights).values()), weights
 
 
-# Round two: wording and inputs
+# Wording and inputs
 # --------------------------------------------------------------------------------------------------
 BOM = "\ufeff".encode()
 
@@ -1716,7 +1716,7 @@ def test_a_damaged_ctranslate2_model_is_one_line_naming_the_file(
 
 
 # --------------------------------------------------------------------------------------------------
-# Round two: numbers, weights and configs
+# Numbers, weights and configs
 # --------------------------------------------------------------------------------------------------
 def test_a_ctranslate2_model_is_checked_against_its_tokenizer_like_a_transformers_one(
     world: World, tmp_path: Path
@@ -1785,7 +1785,7 @@ def test_a_tied_head_passes_and_the_python_api_keeps_transformers_behaviour(
 
 
 # --------------------------------------------------------------------------------------------------
-# Round two: outputs, --overwrite and interrupted commands
+# Outputs, --overwrite and interrupted commands
 # --------------------------------------------------------------------------------------------------
 def test_publish_directory_never_replaces_a_file_or_a_link(tmp_path: Path) -> None:
     """The shared publishing step refuses to put a folder where a file or a link is, and keeps it."""
