@@ -121,8 +121,8 @@ def test_nbest_and_options_are_the_translate_command_s(
 def test_prefixes_alignments_and_sentence_splitting_are_the_translate_command_s(
     folder: Path, loaded: tuple[object, object], tmp_path: Path
 ) -> None:
-    """Two clients at once, one with target prefixes and alignments, get the command's outputs and
-    alignment lines; a request with split_sentences gets the command's --split_sentences output."""
+    """Two clients at once, both asking for alignments and one with target prefixes (one batch), get the
+    command's outputs and alignment lines; a request with split_sentences gets the command's --split_sentences output."""
     texts = [*CLIENT_TEXTS[3], *CLIENT_TEXTS[5]]
     prefixes = ["w9", "", "w30 w31", ""]
     (tmp_path / "prefixes.txt").write_text("\n".join(prefixes) + "\n", encoding="utf-8")
