@@ -433,14 +433,16 @@ def test_a_row_that_does_not_fit_its_columns_is_refused() -> None:
 
 
 @pytest.mark.slow
-def test_training_precision_times_both_modes_step_by_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", ["folder", "package"])
+def test_training_precision_times_both_modes_step_by_step(tmp_path: Path, model: str) -> None:
     """training_precision.py times float32 and bf16-autocast training steps in back-to-back pairs, on
-    both clocks."""
+    both clocks, of the folder's class or of the installed package's."""
     report = _run(
         "experiments.training_precision", tmp_path,
         "--d_model", "16", "--layers", "1", "--heads", "2", "--ffn_dim", "32", "--vocab_size", "64",
-        "--batch_size", "4", "--steps", "2", "--warmup", "1",
+        "--batch_size", "4", "--steps", "2", "--warmup", "1", "--model", model,
     )  # fmt: skip
+    assert report["settings"]["model"] == model
     for mode in ("fp32", "bf16"):
         assert [len(report["ms_per_step"][mode][clock]) for clock in ("wall", "cpu", "load")] == [2, 2, 2]
     assert all(len(report["ratio_fp32_over_bf16"][clock]) == 2 for clock in ("wall", "cpu"))

@@ -11,7 +11,13 @@ machine's load falls on both alike; ratios are taken per back-to-back pair (floa
 that other processes load, the wall clock counts their turns too, while the CPU time counts only this
 process's work (with one thread exactly; with more, threads that wait may spin and add to it).
 
+``--model folder`` (the default) times the model folder's class, stock operators only. ``--model package``
+times the class ``hf-vanilla-train`` builds, with the installed package's fast paths: in float32 they
+include the fused output layer and loss; under autocast they turn themselves off, so bf16 is the same
+in both.
+
     OMP_NUM_THREADS=2 python -m benchmarks.experiments.training_precision                  # the recipe's size
+    OMP_NUM_THREADS=2 python -m benchmarks.experiments.training_precision --model package  # as trained
     OMP_NUM_THREADS=2 python -m benchmarks.experiments.training_precision --steps 5 --d_model 32 --layers 1
 """
 
@@ -30,10 +36,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.timing import machine_description
+from hf_vanilla.models.vanilla_transformer import modeling_vanilla_transformer
 from hf_vanilla.models.vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig
-from hf_vanilla.models.vanilla_transformer.modeling_vanilla_transformer import (
-    VanillaTransformerForConditionalGeneration,
-)
+from hf_vanilla.speed import modeling as speed_modeling
 from hf_vanilla.training.precision import cpu_bf16_instructions
 
 MODES = ("fp32", "bf16")
@@ -53,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--target_length", type=int, default=16)
     parser.add_argument("--steps", type=int, default=20, help="timed steps of each mode")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps of each mode first")
+    parser.add_argument(
+        "--model",
+        choices=("folder", "package"),
+        default="folder",
+        help="the folder's class (stock operators) or the installed package's (its fast paths)",
+    )
     parser.add_argument("--json_out", type=Path, default=None)
     return parser
 
@@ -90,9 +101,12 @@ def main(argv: list[str] | None = None) -> int:
             low, args.vocab_size, (args.batch_size, args.target_length), generator=generator
         ),
     }
+    model_class = (
+        speed_modeling if args.model == "package" else modeling_vanilla_transformer
+    ).VanillaTransformerForConditionalGeneration
     torch.manual_seed(0)
-    first = VanillaTransformerForConditionalGeneration(config).train()
-    models = {"fp32": first, "bf16": VanillaTransformerForConditionalGeneration(config).train()}
+    first = model_class(config).train()
+    models = {"fp32": first, "bf16": model_class(config).train()}
     models["bf16"].load_state_dict(first.state_dict())
     optimizers = {
         mode: torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0)
@@ -130,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     loads = times["fp32"]["load"] + times["bf16"]["load"]
     print(
         f"{machine['cpu']} ({cpu_bf16_instructions() or 'no native bf16'}), {machine['torch_threads']} "
-        f"threads, load {min(loads):.1f}-{max(loads):.1f}; {report['parameters'] / 1e6:.1f} M parameters, "
+        f"threads, load {min(loads):.1f}-{max(loads):.1f}; the {args.model}'s class, "
+        f"{report['parameters'] / 1e6:.1f} M parameters, "
         f"{args.batch_size} x ({args.source_length} + {args.target_length}) tokens, {args.steps} steps each"
     )
     for clock in ("wall", "cpu"):
