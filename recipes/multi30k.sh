@@ -22,7 +22,9 @@
 #      goes into train.log and times.log ("precision: ..."). The runs measured below trained in float32.
 #      Measured: 3,036 steps (12.8 epochs) in 50 minutes on a 2-core AMD EPYC with AVX-512 (run 3);
 #      2,422 steps (10.2 epochs) on a 2-core AMD EPYC with AVX2 (run 2); 5,635 steps (23.8 epochs)
-#      in 40 minutes on a 2-core Intel Xeon with AMX (run 5, BLEU 40.23).
+#      in 40 minutes on a 2-core Intel Xeon with AMX (run 5, BLEU 40.23); 6,310 steps (26.6 epochs) in
+#      50 minutes there (run 6, BF16=false, BLEU 40.15). On that Xeon, bfloat16 trained slower than
+#      float32 (docs/recipe.md, "Mixed precision on the CPU").
 #   3. average the last LAST_N (5) complete checkpoints by step number (§6.1; the last 240 steps,
 #      ~1 epoch) (~10 s): `average_checkpoints.py --run_dir OUT_DIR/train --last_n 5` picks them (the
 #      package's one "last N by step", not the shell's), prints them ("averaged: ..." here and in
@@ -36,16 +38,14 @@
 # Knobs (environment variables; the defaults are the measured run's, but for BF16: those runs trained in
 # float32): TRAIN_MINUTES (50), MAX_STEPS (100000: the clock stops the run first), SAVE_STEPS (60),
 # LAST_N (5), VOCAB_SIZE (8000), D_MODEL (256), LAYERS (3), HEADS (4), FFN_DIM (1024), DROPOUT (0.1),
-# MAX_TOKENS (4000),
-# WARMUP (400), LR (1e-3), MAX_GRAD_NORM (0), BF16 (auto; false: float32 everywhere), OMP_NUM_THREADS (2).
+# MAX_TOKENS (4000), WARMUP (400), LR (1e-3), MAX_GRAD_NORM (0), BF16 (auto; false: float32 everywhere),
+# OMP_NUM_THREADS (2).
 # tests/cli/test_scripts.py runs the recipe with a tiny model and a few dozen steps.
 # The recipe once sorted the checkpoints itself with `sort -t- -k2 -n`, which splits on every
 # `-` of the path: with a hyphen in OUT_DIR it averaged steps 720-960 of a 3,675-step run (BLEU 30.46)
 # and evaluated step 960 as "the last checkpoint".
-# Measured, run 3 (2026-12-01, commit c8de35a, these defaults): 50 min 53 s in all, validation BLEU
-# 39.50 averaged (38.59 last checkpoint), chrF 59.35. Runs 1 and 2 (2026-11-29, 38.11 and 39.22) clipped
-# gradients at norm 1.0 and decoded with early_stopping=True (the defaults then). docs/recipe.md,
-# "Real data", has the tables and the early-stopping comparison.
+# Measured runs: docs/recipe.md, "Real data" (its table of runs, single checkpoints, averaging windows,
+# and the ensemble of the last checkpoints against their average).
 set -euo pipefail
 
 DATA_DIR=${1:?usage: $0 DATA_DIR OUT_DIR}
