@@ -44,6 +44,7 @@ USED_FROM_OUTSIDE: dict[str, str] = {
     "postprocess": "Pipeline hook",
     "on_train_begin": "TrainerCallback hook",
     "on_step_end": "TrainerCallback hook",
+    "on_optimizer_step": "TrainerCallback hook: after each optimizer update, before the schedule steps",
     "on_save": "TrainerCallback hook",
     "on_train_end": "TrainerCallback hook",
     "_created_lr_scheduler": "Trainer attribute",

@@ -58,6 +58,16 @@ class PaperTrainingArguments(PaperRecipeArguments, Seq2SeqTrainingArguments):
                 "--max_steps 0 trains nothing (nothing was done): give the number of training steps, or "
                 "--do_train false to only evaluate a model."
             )
+        if self.lr_cooldown_fraction and not self.max_train_minutes:
+            raise ValueError(
+                f"--lr_cooldown_fraction {self.lr_cooldown_fraction} is a fraction of the time budget, and no "
+                "--max_train_minutes was given; nothing was done. Give --max_train_minutes, or drop the cool-down."
+            )
+        if self.lr_cooldown_fraction and self.lr_scheduler_type != "inverse_sqrt":
+            raise ValueError(
+                f"--lr_cooldown_fraction cools Eq. (3)'s schedule (--lr_scheduler_type inverse_sqrt), not "
+                f"{self.lr_scheduler_type!r}; nothing was done. Drop one of the two."
+            )
         if self.max_tokens == 0:
             self.max_tokens = None  # sentence-count batches (per_device_train_batch_size)
         if self.device.type == "cpu" and self.fp16:

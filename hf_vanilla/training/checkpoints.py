@@ -186,13 +186,18 @@ def resolve_resume_checkpoint(
 
 def _agree_across_processes(flag: bool) -> bool:
     """``True`` if ``flag`` is set on any process (one all-reduce; plain ``flag`` without distribution)."""
+    return _largest_across_processes(1.0 if flag else 0.0) > 0
+
+
+def _largest_across_processes(value: float) -> float:
+    """The largest ``value`` of all processes (one all-reduce; ``value`` itself without distribution)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return flag
+        return value
     from accelerate import PartialState
 
-    value = torch.tensor([1 if flag else 0], device=PartialState().device)
-    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
-    return bool(value.item())
+    largest = torch.tensor([value], dtype=torch.float64, device=PartialState().device)
+    torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)
+    return float(largest.item())
 
 
 # --------------------------------------------------------------------------------------------------

@@ -68,6 +68,8 @@ TRAINING_BOUNDS = {
     "seed": Bounds(0, 2**32 - 1),
     "data_seed": Bounds(0, 2**32 - 1),
     "average_last_n_checkpoints": Bounds(0),
+    "max_train_minutes": Bounds(0, what="minutes of training; 0: no time limit"),
+    "lr_cooldown_fraction": Bounds(0, 1, what="a fraction of --max_train_minutes"),
 }
 
 #: The sizes of Table 3 (``--preset``), as ``PRESETS`` of the configuration file defines them.
@@ -211,6 +213,20 @@ class PaperRecipeArguments:
         default=True, metadata={"help": "Evaluate on the validation and test splits after training."}
     )
     max_steps: int = field(default=100_000, metadata={"help": "Training steps (§5.2: base 100k, big 300k)."})
+    max_train_minutes: float = field(
+        default=0,
+        metadata={
+            "help": "Stop training after this many minutes of training (wall time, summed over resumed runs) at a "
+            "step end, with a checkpoint, and end as at --max_steps; 0 = no time limit (the paper counts steps)."
+        },
+    )
+    lr_cooldown_fraction: float = field(
+        default=0,
+        metadata={
+            "help": "With --max_train_minutes: over this last fraction of the minutes the learning rate falls "
+            "linearly in time to 0 (Eq. (3) times the remaining share; a deviation from the paper). 0 = off."
+        },
+    )
     label_smoothing_factor: float = field(
         default=0.0,
         metadata={"help": "Must stay 0: label smoothing is --label_smoothing (in the model's loss)."},

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from transformers.optimization import _get_inverse_sqrt_schedule_lr_lambda
 
-__all__ = ["PaperLRLambda", "create_paper_lr_scheduler", "paper_learning_rate", "paper_peak_learning_rate"]
+__all__ = [
+    "PaperLRLambda",
+    "ScaledLambdaLR",
+    "create_paper_lr_scheduler",
+    "paper_learning_rate",
+    "paper_peak_learning_rate",
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -49,9 +58,38 @@ class PaperLRLambda:
         )
 
 
+class ScaledLambdaLR(torch.optim.lr_scheduler.LambdaLR):
+    """A ``LambdaLR`` whose rates are multiplied by ``scale()``, read each time the scheduler steps (the
+    training time budget's cool-down, :class:`~hf_vanilla.training.time_budget.TrainingTimeBudget`).
+
+    ``scale`` is not part of the saved state, so ``scheduler.pt`` is the same as a plain ``LambdaLR``'s and
+    a run resumes with or without the scale."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        lr_lambda: Callable[[int], float],
+        scale: Callable[[], float],
+    ) -> None:
+        self._scale = scale  # before LambdaLR's first step, which reads it
+        super().__init__(optimizer, lr_lambda)
+
+    def get_lr(self) -> list[float]:
+        scale = self._scale()
+        return [rate * scale for rate in super().get_lr()]
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state.pop("_scale", None)
+        return state
+
+
 def create_paper_lr_scheduler(
-    optimizer: torch.optim.Optimizer, warmup_steps: int
+    optimizer: torch.optim.Optimizer, warmup_steps: int, scale: Callable[[], float] | None = None
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Eq. (3) as a ``LambdaLR`` over the optimizer's learning rate (which must be the peak,
-    :func:`paper_peak_learning_rate`, for the exact formula)."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, PaperLRLambda(warmup_steps))
+    :func:`paper_peak_learning_rate`, for the exact formula); with ``scale``, multiplied by ``scale()`` at
+    each step (:class:`ScaledLambdaLR`)."""
+    if scale is None:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, PaperLRLambda(warmup_steps))
+    return ScaledLambdaLR(optimizer, PaperLRLambda(warmup_steps), scale)

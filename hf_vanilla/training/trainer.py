@@ -59,6 +59,7 @@ from hf_vanilla.training.resilience import (
 )
 from hf_vanilla.training.schedule import create_paper_lr_scheduler, paper_peak_learning_rate
 from hf_vanilla.training.sharded_loading import load_full_state_dict_into_sharded, tie_state_dict
+from hf_vanilla.training.time_budget import TrainingTimeBudget
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,9 @@ class PaperSeq2SeqTrainer(Seq2SeqTrainer):
     * ``learning_rate=None`` in the arguments means the peak of Eq. (3) for this model's d_model.
     * ``lr_scheduler_type="inverse_sqrt"`` uses :class:`PaperLRLambda` (HF's schedule, one step
       later), so that update k gets Eq. (3) at step k.
+    * ``max_train_minutes`` in the arguments adds a :class:`~hf_vanilla.training.time_budget.TrainingTimeBudget`
+      callback (stop by the clock, with a checkpoint); with ``lr_cooldown_fraction`` the Eq. (3) rate is
+      multiplied by its cool-down factor at each step (:class:`~hf_vanilla.training.schedule.ScaledLambdaLR`).
     * Evaluation with ``predict_with_generate``: ``Seq2SeqTrainer.prediction_step`` fills the
       model's generation config with HF's global defaults (``max_length=20``, ``top_k=50``, ...)
       after the first batch, which would then be saved with the model. The model's ``generate()``
@@ -228,6 +232,9 @@ class PaperSeq2SeqTrainer(Seq2SeqTrainer):
         self._length_cache: tuple[str, np.ndarray, np.ndarray] | None = None
         self._target_nll: TargetNLL | None = None  # during evaluation only
         self._fsdp2_roots: set[int] = set()  # models whose FSDP2 root is initialised
+        minutes = getattr(self.args, "max_train_minutes", 0)
+        if minutes:
+            self.add_callback(TrainingTimeBudget(minutes, getattr(self.args, "lr_cooldown_fraction", 0)))
         if self.args.learning_rate is None:
             d_model = self.model.config.d_model
             warmup = self._warmup_steps_for_peak()
@@ -350,10 +357,24 @@ class PaperSeq2SeqTrainer(Seq2SeqTrainer):
                     "warmup_steps); remove it or choose another --lr_scheduler_type."
                 )
             warmup = self.args.get_warmup_steps(num_training_steps)
-            self.lr_scheduler = create_paper_lr_scheduler(optimizer or self.optimizer, warmup)
+            budget = self._time_budget()
+            scale = None if budget is None or not budget.cooldown_fraction else self._learning_rate_scale
+            self.lr_scheduler = create_paper_lr_scheduler(optimizer or self.optimizer, warmup, scale)
             self._created_lr_scheduler = True
             return self.lr_scheduler
         return super().create_scheduler(num_training_steps, optimizer)
+
+    def _time_budget(self) -> TrainingTimeBudget | None:
+        """The run's :class:`TrainingTimeBudget` callback (``--max_train_minutes``), if it has one."""
+        return next(
+            (cb for cb in self.callback_handler.callbacks if isinstance(cb, TrainingTimeBudget)), None
+        )
+
+    def _learning_rate_scale(self) -> float:
+        """The time budget's cool-down factor, looked up at each step: transformers' callback-state restore
+        (``restore_callback_states_from_checkpoint``) replaces the callback object on resume."""
+        budget = self._time_budget()
+        return 1.0 if budget is None else budget.learning_rate_scale()
 
     def prediction_step(
         self,
