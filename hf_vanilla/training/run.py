@@ -334,6 +334,15 @@ def _describe(model: torch.nn.Module, training_args: PaperTrainingArguments, tra
         if training_args.max_grad_norm
         else "no gradient clipping",
     )
+    if training_args.max_train_minutes:
+        cooldown = training_args.lr_cooldown_fraction
+        logger.info(
+            "Time budget: %g minutes of training, then a checkpoint and the end of the run; %s",
+            training_args.max_train_minutes,
+            f"the learning rate falls linearly to 0 over the last {cooldown:.0%} of them"
+            if cooldown
+            else "no learning-rate cool-down",
+        )
     logger.info(
         "Precision: %s",
         describe_precision(training_args.bf16, training_args.fp16, training_args.device),

@@ -25,6 +25,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokeniz
 
 from hf_vanilla.io.checkpoints import find_complete_checkpoints
 from hf_vanilla.training.precision import cpu_bf16_instructions, describe_precision
+from hf_vanilla.training.schedule import PaperLRLambda
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -155,6 +156,43 @@ def test_recipe_averages_and_evaluates_the_last_checkpoints_by_step(tmp_path: Pa
 
     assert evaluated("eval_averaged") == str(out / "averaged")
     assert evaluated("eval_last") == str(train / "checkpoint-20")
+
+
+@pytest.mark.slow
+def test_recipe_stops_by_the_clock_with_a_checkpoint_and_cools_the_rate_down(tmp_path: Path) -> None:
+    """TRAIN_MINUTES stops training itself (``--max_train_minutes``), long before MAX_STEPS, with a
+    checkpoint at the step it stops at, which the recipe averages and evaluates as its last; with COOLDOWN
+    the last logged rates fall far below Eq. (3)'s."""
+    data = tmp_path / "data"
+    write_pairs(data, "train", sentence_pairs(48))
+    write_pairs(data, "val", sentence_pairs(3, seed=1))
+    out = tmp_path / "run"
+    knobs = {"VOCAB_SIZE": "300", "D_MODEL": "16", "LAYERS": "1", "HEADS": "2", "FFN_DIM": "32"}
+    knobs |= {
+        "TRAIN_MINUTES": "0.25",
+        "COOLDOWN": "0.5",
+        "SAVE_STEPS": "100000",
+        "LAST_N": "1",
+        "MAX_TOKENS": "300",
+    }
+    knobs |= {"WARMUP": "4", "LR": "1e-3", "OMP_NUM_THREADS": "1"}
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, **knobs, "PATH": path, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    command = ["bash", str(REPO / "recipes" / "multi30k.sh"), str(data), str(out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    log = (out / "train.log").read_text(encoding="utf-8")
+    assert "Time budget: 0.25 minutes of training" in log and "over the last 50% of them" in log
+    [stop] = find_complete_checkpoints(out / "train")  # SAVE_STEPS 100000: only the one at the stop
+    step = int(stop.name.split("-")[1])
+    assert 10 <= step < 100_000 and f"stopping after step {step}, with a checkpoint" in log
+    assert f"last checkpoint: {stop}" in done.stdout.splitlines()
+    state = json.loads((stop / "trainer_state.json").read_text(encoding="utf-8"))
+    assert state["stateful_callbacks"]["TrainingTimeBudget"]["attributes"]["trained_seconds"] >= 15
+    last = [entry for entry in state["log_history"] if "learning_rate" in entry][-1]
+    eq_3 = 1e-3 * PaperLRLambda(4)(last["step"] - 1)  # the rate the logged update had without the cool-down
+    assert last["learning_rate"] < 0.5 * eq_3
 
 
 # --------------------------------------------------------------------------------------------------

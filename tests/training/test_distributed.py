@@ -122,6 +122,24 @@ def test_two_processes_match_one_process_with_the_same_global_batch(
 
 
 @pytest.mark.slow
+def test_a_time_budget_stops_both_ranks_after_the_same_step_with_the_same_rates(tmp_path: Path) -> None:
+    """``--max_train_minutes`` under torchrun: the ranks use the largest of their clocks, so they stop
+    after the same step and save it together, and apply the same cooled-down rates (identical weights)."""
+    args = ["--max_tokens", "0", "--per_device_train_batch_size", "4", "--max_steps", "100000"]
+    args += ["--max_train_minutes", "0.1", "--lr_cooldown_fraction", "0.5", "--do_eval", "false"]
+    args += ["--save_strategy", "steps", "--save_steps", "100000"]
+    run = Run(
+        tmp_path / "torchrun", "torchrun", train_args(None, tmp_path / "torchrun" / "out", *args)
+    ).wait()
+    _check_two_ranks(run)
+    _check_identical_ranks(run)
+    [stop] = [line for line in run.log.splitlines() if "stopping after step" in line]
+    step = int(stop.split("stopping after step ")[1].split(",")[0])
+    assert 4 < step < 100_000
+    assert [p.name for p in run.out.glob("checkpoint-*")] == [f"checkpoint-{step}"]
+
+
+@pytest.mark.slow
 def test_generation_evaluation_sees_every_sentence_once(sentence_batches: tuple[Run, Run]) -> None:
     """BLEU over 2 processes scores each validation sentence exactly once, in order, like 1 process."""
     double, single = sentence_batches
