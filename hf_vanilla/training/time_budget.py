@@ -41,7 +41,7 @@ class TrainingTimeBudget(TrainerCallback, ExportableState):
     :meth:`learning_rate_scale` falls linearly from 1 to 0 over the last f of those minutes (the Trainer
     multiplies Eq. (3) by it, :class:`~hf_vanilla.training.schedule.ScaledLambdaLR`).
 
-    ``trained_seconds`` is the training time so far, agreed across processes at each step end; a resumed
+    ``trained_seconds`` is the training time so far, agreed across processes after each optimizer update; a resumed
     run starts from the value its checkpoint saved. ``clock`` is injectable for tests."""
 
     def __init__(
