@@ -113,29 +113,30 @@ def fake_run(run_dir: Path, steps: list[int]) -> None:
 # --------------------------------------------------------------------------------------------------
 # recipes/multi30k.sh
 # --------------------------------------------------------------------------------------------------
+def run_tiny_recipe(tmp_path: Path, out: Path, **knobs: str) -> subprocess.CompletedProcess[str]:
+    """``bash recipes/multi30k.sh`` on 48 tiny pairs (3 validation pairs) with a tiny model, one thread and
+    ``knobs`` (its environment variables) on top; it must exit with status 0."""
+    data = tmp_path / "data"
+    write_pairs(data, "train", sentence_pairs(48))
+    write_pairs(data, "val", sentence_pairs(3, seed=1))
+    tiny = {"VOCAB_SIZE": "300", "D_MODEL": "16", "LAYERS": "1", "HEADS": "2", "FFN_DIM": "32"}
+    tiny |= {"MAX_TOKENS": "300", "WARMUP": "4", "OMP_NUM_THREADS": "1"}
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `python` is this one
+    env = {**os.environ, **tiny, **knobs, "PATH": path, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    command = ["bash", str(REPO / "recipes" / "multi30k.sh"), str(data), str(out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 @pytest.mark.slow
 def test_recipe_averages_and_evaluates_the_last_checkpoints_by_step(tmp_path: Path) -> None:
     """The recipe as a user runs it (bash, its scripts as subprocesses), minutes shrunk through its
     knobs, into a folder whose path has hyphens and digits: it averages the last 5 complete
     checkpoints by step and evaluates the last one by step (the shell's `sort -t- -k2 -n` it used
     before sorted these paths as text: checkpoint-2, -20, -4, -6, -8, and "last" was checkpoint-8)."""
-    data = tmp_path / "data"
-    write_pairs(data, "train", sentence_pairs(48))
-    write_pairs(data, "val", sentence_pairs(3, seed=1))
     out = tmp_path / "runs" / "multi30k-base-2"
-    knobs = {"VOCAB_SIZE": "300", "D_MODEL": "16", "LAYERS": "1", "HEADS": "2", "FFN_DIM": "32"}
-    knobs |= {
-        "MAX_STEPS": "20",
-        "SAVE_STEPS": "2",
-        "MAX_TOKENS": "300",
-        "WARMUP": "4",
-        "OMP_NUM_THREADS": "1",
-    }
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `python` is this one
-    env = {**os.environ, **knobs, "PATH": path, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    command = ["bash", str(REPO / "recipes" / "multi30k.sh"), str(data), str(out)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_tiny_recipe(tmp_path, out, MAX_STEPS="20", SAVE_STEPS="2")
 
     train = out / "train"
     assert [p.name for p in find_complete_checkpoints(train)] == [f"checkpoint-{s}" for s in range(2, 21, 2)]
@@ -163,24 +164,10 @@ def test_recipe_stops_by_the_clock_with_a_checkpoint_and_cools_the_rate_down(tmp
     """TRAIN_MINUTES stops training itself (``--max_train_minutes``), long before MAX_STEPS, with a
     checkpoint at the step it stops at, which the recipe averages and evaluates as its last; with COOLDOWN
     the last logged rates fall far below Eq. (3)'s."""
-    data = tmp_path / "data"
-    write_pairs(data, "train", sentence_pairs(48))
-    write_pairs(data, "val", sentence_pairs(3, seed=1))
     out = tmp_path / "run"
-    knobs = {"VOCAB_SIZE": "300", "D_MODEL": "16", "LAYERS": "1", "HEADS": "2", "FFN_DIM": "32"}
-    knobs |= {
-        "TRAIN_MINUTES": "0.25",
-        "COOLDOWN": "0.5",
-        "SAVE_STEPS": "100000",
-        "LAST_N": "1",
-        "MAX_TOKENS": "300",
-    }
-    knobs |= {"WARMUP": "4", "LR": "1e-3", "OMP_NUM_THREADS": "1"}
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    env = {**os.environ, **knobs, "PATH": path, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    command = ["bash", str(REPO / "recipes" / "multi30k.sh"), str(data), str(out)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_tiny_recipe(
+        tmp_path, out, TRAIN_MINUTES="0.25", COOLDOWN="0.5", SAVE_STEPS="100000", LAST_N="1"
+    )
 
     log = (out / "train.log").read_text(encoding="utf-8")
     assert "Time budget: 0.25 minutes of training" in log and "over the last 50% of them" in log
