@@ -49,7 +49,7 @@ class TrainingTimeBudget(TrainerCallback, ExportableState):
         minutes: float,
         cooldown_fraction: float = 0.0,
         trained_seconds: float = 0.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if not minutes > 0:
             raise ValueError(f"A training time budget needs minutes > 0, got {minutes!r}.")
@@ -60,9 +60,12 @@ class TrainingTimeBudget(TrainerCallback, ExportableState):
         self.minutes = minutes
         self.cooldown_fraction = cooldown_fraction
         self.trained_seconds = trained_seconds
-        self._clock = clock
+        self._clock = clock  # None: time.monotonic, looked up when read
         self._before = trained_seconds
         self._started_at: float | None = None
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else time.monotonic()
 
     @property
     def budget_seconds(self) -> float:
@@ -78,13 +81,18 @@ class TrainingTimeBudget(TrainerCallback, ExportableState):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        # This run's options win over a checkpoint's: transformers' restore_callback_states_from_checkpoint
+        # rebuilds this callback from the budget saved in the checkpoint.
+        if getattr(args, "max_train_minutes", 0):
+            self.minutes = args.max_train_minutes
+            self.cooldown_fraction = getattr(args, "lr_cooldown_fraction", 0)
         # On resume the Trainer has loaded the checkpoint's trainer_state.json by now, with this callback's
         # saved state in it; a new run holds this callback's own initial state there.
         saved = (state.stateful_callbacks or {}).get(type(self).__name__)
         if isinstance(saved, dict):
             self._before = float(saved.get("attributes", {}).get("trained_seconds", self._before))
         self.trained_seconds = self._before
-        self._started_at = self._clock()
+        self._started_at = self._now()
         if self._before:
             logger.info(
                 "Time budget: %.1f of %g minutes trained before this resume.", self._before / 60, self.minutes
@@ -95,7 +103,7 @@ class TrainingTimeBudget(TrainerCallback, ExportableState):
     ) -> None:
         # After the update and before the schedule steps, so the next update's rate sees this update's time.
         if self._started_at is not None:
-            self.trained_seconds = _largest_across_processes(self._before + self._clock() - self._started_at)
+            self.trained_seconds = _largest_across_processes(self._before + self._now() - self._started_at)
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

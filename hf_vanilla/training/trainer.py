@@ -357,8 +357,7 @@ class PaperSeq2SeqTrainer(Seq2SeqTrainer):
                     "warmup_steps); remove it or choose another --lr_scheduler_type."
                 )
             warmup = self.args.get_warmup_steps(num_training_steps)
-            budget = self._time_budget()
-            scale = None if budget is None or not budget.cooldown_fraction else self._learning_rate_scale
+            scale = self._learning_rate_scale if getattr(self.args, "lr_cooldown_fraction", 0) else None
             self.lr_scheduler = create_paper_lr_scheduler(optimizer or self.optimizer, warmup, scale)
             self._created_lr_scheduler = True
             return self.lr_scheduler

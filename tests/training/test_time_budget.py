@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from test_faults import _dataset, _trainer, _word_tokenizer
 
+from hf_vanilla.training import time_budget
 from hf_vanilla.training.arguments import PaperTrainingArguments
 from hf_vanilla.training.schedule import PaperLRLambda
 from hf_vanilla.training.time_budget import TrainingTimeBudget
@@ -79,13 +80,30 @@ def test_the_run_stops_at_the_first_step_end_past_the_budget_with_a_checkpoint(
     assert _learning_rates(trainer) == pytest.approx([PEAK * PaperLRLambda(WARMUP)(k) for k in range(5)])
 
 
-def test_a_resumed_run_counts_the_minutes_trained_before(tmp_path: Path, tokenizer: Any, data: Any) -> None:
+@pytest.mark.parametrize("restore", [False, True])
+def test_a_resumed_run_counts_the_minutes_trained_before(
+    tmp_path: Path, tokenizer: Any, data: Any, restore: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also with transformers' ``restore_callback_states_from_checkpoint``, which replaces the callback by
+    a new one built from the checkpoint's budget: this run's options still win, and the schedule looks the
+    callback up at each step."""
     out = tmp_path / "run"
     _timed_trainer(out, tokenizer, data, max_train_minutes=5, max_steps=3, save_steps=3).train()
-    resumed = _timed_trainer(out, tokenizer, data, max_train_minutes=5)
+    resumed = _timed_trainer(
+        out,
+        tokenizer,
+        data,
+        max_train_minutes=5,
+        lr_cooldown_fraction=0.4,
+        restore_callback_states_from_checkpoint=restore,
+    )
+    if restore:  # the rebuilt callback reads the default clock
+        monkeypatch.setattr(time_budget.time, "monotonic", _MinutePerCall())
     resumed.train(resume_from_checkpoint=str(out / "checkpoint-3"))
     assert resumed.state.global_step == 5  # 3 minutes before, 2 now
     assert (out / "checkpoint-5").is_dir()
+    # Update 5 comes after 4 minutes: the cool-down (the last 2 of 5 minutes) is half done.
+    assert _learning_rates(resumed)[-1] == pytest.approx(PEAK * PaperLRLambda(WARMUP)(4) * 0.5)
 
 
 def test_the_cooldown_multiplies_eq_3_by_the_remaining_share_of_its_minutes(
