@@ -48,7 +48,6 @@ class TrainingTimeBudget(TrainerCallback, ExportableState):
         self,
         minutes: float,
         cooldown_fraction: float = 0.0,
-        trained_seconds: float = 0.0,
         clock: Callable[[], float] | None = None,
     ) -> None:
         if not minutes > 0:
@@ -59,9 +58,9 @@ class TrainingTimeBudget(TrainerCallback, ExportableState):
             )
         self.minutes = minutes
         self.cooldown_fraction = cooldown_fraction
-        self.trained_seconds = trained_seconds
+        self.trained_seconds = 0.0
         self._clock = clock  # None: time.monotonic, looked up when read
-        self._before = trained_seconds
+        self._before = 0.0  # trained before this run: read from the resumed checkpoint at on_train_begin
         self._started_at: float | None = None
 
     def _now(self) -> float:
