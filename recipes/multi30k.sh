@@ -26,7 +26,9 @@
 #      2,422 steps (10.2 epochs) on a 2-core AMD EPYC with AVX2 (run 2); 5,635 steps (23.8 epochs)
 #      in 40 minutes on a 2-core Intel Xeon with AMX (run 5, BLEU 40.23); 6,310 steps (26.6 epochs) in
 #      50 minutes there (run 6, BF16=false, BLEU 40.15); 1,074 steps (4.5 epochs) on a slower 2-core
-#      AMD EPYC VM with AVX2 only (run 8, BLEU 32.44; COOLDOWN=0.3 there: 33.71, run 9). On that Xeon,
+#      AMD EPYC VM with AVX2 only (run 8, BLEU 32.44; COOLDOWN=0.3 there: 33.71, run 9); 3,483 steps
+#      (14.7 epochs) on another AMD EPYC VM with AVX2 only (run 11, BLEU 40.95; COOLDOWN=0.3 there:
+#      40.86 averaged, 41.36 last checkpoint, run 10). On that Xeon,
 #      bfloat16 trained slower than float32 (docs/recipe.md, "Mixed precision on the CPU").
 #   3. average the last LAST_N (5) complete checkpoints by step number (§6.1; the last 240 steps,
 #      ~1 epoch) (~10 s): `average_checkpoints.py --run_dir OUT_DIR/train --last_n 5` picks them (the
