@@ -28,7 +28,7 @@
 #      50 minutes there (run 6, BF16=false, BLEU 40.15); 1,074 steps (4.5 epochs) on a slower 2-core
 #      AMD EPYC VM with AVX2 only (run 8, BLEU 32.44; COOLDOWN=0.3 there: 33.71, run 9); 3,483 steps
 #      (14.7 epochs) on another AMD EPYC VM with AVX2 only (run 11, BLEU 40.95; COOLDOWN=0.3 there:
-#      40.86 averaged, 41.36 last checkpoint, run 10). On that Xeon,
+#      40.86 averaged, 41.36 last checkpoint, run 10). On the Xeon of runs 5 and 6,
 #      bfloat16 trained slower than float32 (docs/recipe.md, "Mixed precision on the CPU").
 #   3. average the last LAST_N (5) complete checkpoints by step number (§6.1; the last 240 steps,
 #      ~1 epoch) (~10 s): `average_checkpoints.py --run_dir OUT_DIR/train --last_n 5` picks them (the
